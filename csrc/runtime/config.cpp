@@ -1,0 +1,90 @@
+#include "config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+
+#include "errors.h"
+
+namespace torchneuron::runtime {
+namespace {
+
+// Cores a NeuronCore runtime can name (a trn2 host has 128).
+constexpr int kMaxCoreId = 127;
+
+[[noreturn]] void bad(const char* variable, const std::string& text,
+                      const std::string& why) {
+  throw ConfigError(std::string(variable) + "='" + text + "' is invalid: " + why);
+}
+
+int parse_core(const std::string& whole, const std::string& part) {
+  if (part.empty() || !std::all_of(part.begin(), part.end(), ::isdigit))
+    bad("NEURON_RT_VISIBLE_CORES", whole,
+        "expected core ids such as '0-3' or '0,2', got '" + part + "'");
+  int id = std::stoi(part.size() > 4 ? "99999" : part);
+  if (id > kMaxCoreId)
+    bad("NEURON_RT_VISIBLE_CORES", whole,
+        "core id " + part + " is above " + std::to_string(kMaxCoreId));
+  return id;
+}
+
+} // namespace
+
+std::vector<int> parse_visible_cores(const std::string& text) {
+  std::string s;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
+  if (s.empty()) bad("NEURON_RT_VISIBLE_CORES", text, "no cores listed");
+  std::vector<int> cores;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t dash = item.find('-');
+    if (dash == std::string::npos) {
+      cores.push_back(parse_core(text, item));
+    } else {
+      int lo = parse_core(text, item.substr(0, dash));
+      int hi = parse_core(text, item.substr(dash + 1));
+      if (hi < lo) bad("NEURON_RT_VISIBLE_CORES", text, "range '" + item + "' is descending");
+      for (int c = lo; c <= hi; ++c) cores.push_back(c);
+    }
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  auto sorted = cores;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    bad("NEURON_RT_VISIBLE_CORES", text, "a core is listed twice");
+  return cores;
+}
+
+size_t parse_bytes(const char* variable, const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  if (i == 0 || i > 15) bad(variable, text, "expected a byte count such as 4G, 512M or 1048576");
+  size_t value = std::stoull(text.substr(0, i));
+  std::string unit = text.substr(i);
+  for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit == "B") unit = "";
+  if (!unit.empty() && unit.back() == 'B') unit.pop_back();
+  if (!unit.empty() && unit.back() == 'I') unit.pop_back();  // GiB == G
+  size_t scale = unit.empty() ? 1 : unit == "K" ? 1ull << 10 : unit == "M" ? 1ull << 20
+               : unit == "G" ? 1ull << 30 : unit == "T" ? 1ull << 40 : 0;
+  if (scale == 0) bad(variable, text, "unknown unit '" + text.substr(i) + "'");
+  if (value == 0) bad(variable, text, "must be positive");
+  return value * scale;
+}
+
+Config config_from_environment() {
+  Config c;
+  const char* cores = std::getenv("NEURON_RT_VISIBLE_CORES");
+  c.visible_cores = cores ? parse_visible_cores(cores) : std::vector<int>{0, 1};
+  const char* hbm = std::getenv("TORCHNEURON_HBM_BYTES");
+  c.hbm_bytes = hbm ? parse_bytes("TORCHNEURON_HBM_BYTES", hbm) : (4ull << 30);
+  const char* blocking = std::getenv("NEURON_LAUNCH_BLOCKING");
+  c.launch_blocking = blocking && std::string(blocking) == "1";
+  return c;
+}
+
+} // namespace torchneuron::runtime

@@ -1,0 +1,163 @@
+#include "device.h"
+
+#include <sys/mman.h>
+
+#include <vector>
+
+namespace torchneuron::runtime {
+
+OutOfMemoryError::OutOfMemoryError(int device, size_t requested, size_t in_use, size_t capacity)
+    : std::runtime_error(
+          "neuron:" + std::to_string(device) + " is out of device memory: tried to allocate " +
+          std::to_string(requested) + " bytes with " + std::to_string(in_use) + " of " +
+          std::to_string(capacity) + " bytes in use (TORCHNEURON_HBM_BYTES sets the capacity)"),
+      device(device), requested(requested), in_use(in_use), capacity(capacity) {}
+
+AsyncError::AsyncError(int device, int stream, std::string task, std::string what)
+    : std::runtime_error("neuron:" + std::to_string(device) + ": operator " + task +
+                         " failed on the device (stream " + std::to_string(stream) +
+                         "), reported at this synchronising call: " + what),
+      device(device), stream(stream), task(std::move(task)) {}
+
+Device::Device(DeviceProperties props, bool launch_blocking)
+    : props_(std::move(props)), launch_blocking_(launch_blocking) {}
+
+void* Device::map(size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(memory_mu_);
+    if (bytes > props_.total_memory - mapped_)
+      throw OutOfMemoryError(index(), bytes, mapped_, props_.total_memory);
+    mapped_ += bytes;  // reserve before mapping, so concurrent maps cannot overshoot
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  std::lock_guard<std::mutex> lock(memory_mu_);
+  if (p == MAP_FAILED) {
+    mapped_ -= bytes;
+    throw OutOfMemoryError(index(), bytes, mapped_, props_.total_memory);
+  }
+  segments_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
+  return p;
+}
+
+void Device::unmap(void* ptr) {
+  std::lock_guard<std::mutex> lock(memory_mu_);
+  auto it = segments_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == segments_.end()) throw UsageError("unmap of a pointer that is not a device segment");
+  ::munmap(ptr, it->second);
+  mapped_ -= it->second;
+  segments_.erase(it);
+}
+
+size_t Device::mapped_bytes() const {
+  std::lock_guard<std::mutex> lock(memory_mu_);
+  return mapped_;
+}
+
+bool Device::contains(const void* ptr) const {
+  auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(memory_mu_);
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin()) return false;
+  --it;
+  return p < it->first + it->second;
+}
+
+Stream& Device::stream(int id) {
+  if (id < 0 || id >= kStreams)
+    throw UsageError("stream id " + std::to_string(id) + " is out of range for neuron:" +
+                     std::to_string(index()));
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  auto& s = streams_[id];
+  if (!s) s = std::make_unique<Stream>(*this, id);
+  return *s;
+}
+
+int Device::next_pool_stream() {
+  return 1 + pool_cursor_.fetch_add(1, std::memory_order_relaxed) % (kStreams - 1);
+}
+
+void Device::synchronize() {
+  std::vector<Stream*> live;
+  {
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    for (auto& s : streams_)
+      if (s) live.push_back(s.get());
+  }
+  for (Stream* s : live) s->wait_until(s->last_enqueued());
+  raise_pending_error();
+}
+
+void Device::record_error(AsyncError error) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_) error_.emplace(std::move(error));
+  has_error_.store(true, std::memory_order_release);
+}
+
+void Device::raise_pending_error() {
+  if (!has_pending_error()) return;
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_) return;
+  AsyncError e = std::move(*error_);
+  error_.reset();
+  has_error_.store(false, std::memory_order_release);
+  throw e;
+}
+
+namespace {
+
+struct Runtime {
+  Config config;
+  std::optional<ConfigError> config_error;
+  std::vector<std::unique_ptr<Device>> devices;
+
+  Runtime() {
+    try {
+      config = config_from_environment();
+    } catch (const ConfigError& e) {
+      config_error.emplace(e);
+      return;
+    }
+    for (size_t i = 0; i < config.visible_cores.size(); ++i) {
+      DeviceProperties p;
+      p.name = "NeuronCore-v3 (emulated)";
+      p.index = static_cast<int>(i);
+      p.core_id = config.visible_cores[i];
+      p.total_memory = config.hbm_bytes;
+      devices.push_back(std::make_unique<Device>(p, config.launch_blocking));
+    }
+  }
+};
+
+Runtime& the_runtime() {
+  // Never destroyed: executor threads may still hold devices at exit.
+  static Runtime* rt = new Runtime();
+  return *rt;
+}
+
+} // namespace
+
+int device_count() noexcept { return static_cast<int>(the_runtime().devices.size()); }
+
+void init() {
+  if (the_runtime().config_error) throw *the_runtime().config_error;
+}
+
+const Config& config() {
+  init();
+  return the_runtime().config;
+}
+
+Device& device(int index) {
+  init();
+  auto& devices = the_runtime().devices;
+  if (index < 0 || index >= static_cast<int>(devices.size()))
+    throw UsageError("invalid neuron device index " + std::to_string(index) + ": " +
+                     std::to_string(devices.size()) + " device(s) are visible (NEURON_RT_VISIBLE_CORES)");
+  return *devices[index];
+}
+
+void set_task_observer(TaskObserver observer) {
+  for (auto& d : the_runtime().devices) d->set_observer(observer);
+}
+
+} // namespace torchneuron::runtime

@@ -1,0 +1,90 @@
+// An emulated NeuronCore: its device memory, its streams and its error slot.
+// The runtime owns one Device per visible core, for the life of the process.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "config.h"
+#include "errors.h"
+#include "stream.h"
+#include "task.h"
+
+namespace torchneuron::runtime {
+
+struct DeviceProperties {
+  std::string name;    // "NeuronCore-v3 (emulated)"
+  int index = 0;       // logical index, as PyTorch numbers devices
+  int core_id = 0;     // physical core from NEURON_RT_VISIBLE_CORES
+  size_t total_memory = 0;
+};
+
+class Device {
+ public:
+  // Streams per device: 0 is the default stream, the rest a pool handed out
+  // round-robin (as CUDA's stream pool); executors start on first use.
+  static constexpr int kStreams = 32;
+
+  Device(DeviceProperties props, bool launch_blocking);
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  int index() const { return props_.index; }
+  const DeviceProperties& properties() const { return props_; }
+  bool launch_blocking() const { return launch_blocking_; }
+
+  // Device memory. `map` takes a segment of `bytes` (zero-filled, page
+  // aligned) accounted against the capacity; over it is OutOfMemoryError.
+  void* map(size_t bytes);
+  void unmap(void* ptr);
+  size_t mapped_bytes() const;
+  size_t capacity() const { return props_.total_memory; }
+  bool contains(const void* ptr) const;
+
+  Stream& stream(int id);
+  int next_pool_stream();  // an id from the pool, round-robin
+  void synchronize();      // every stream, then raise a pending error
+
+  // Asynchronous errors: the first is kept until a synchronising call raises it.
+  void record_error(AsyncError error);
+  void raise_pending_error();
+  bool has_pending_error() const { return has_error_.load(std::memory_order_acquire); }
+
+  void observe(int stream, const Task& task) const {
+    if (TaskObserver obs = observer_.load(std::memory_order_acquire)) obs(index(), stream, task);
+  }
+  void set_observer(TaskObserver obs) { observer_.store(obs, std::memory_order_release); }
+
+ private:
+  const DeviceProperties props_;
+  const bool launch_blocking_;
+
+  mutable std::mutex memory_mu_;
+  std::map<uintptr_t, size_t> segments_;  // start -> size
+  size_t mapped_ = 0;
+
+  std::mutex streams_mu_;
+  std::array<std::unique_ptr<Stream>, kStreams> streams_;
+  std::atomic<int> pool_cursor_{0};
+
+  std::mutex error_mu_;
+  std::optional<AsyncError> error_;
+  std::atomic<bool> has_error_{false};
+  std::atomic<TaskObserver> observer_{nullptr};
+};
+
+// The process-wide runtime. device_count() never throws (0 when the
+// configuration is invalid); init() raises the configuration error.
+int device_count() noexcept;
+void init();
+Device& device(int index);
+const Config& config();
+void set_task_observer(TaskObserver observer);
+
+} // namespace torchneuron::runtime

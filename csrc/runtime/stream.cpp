@@ -1,0 +1,129 @@
+#include "stream.h"
+
+#include <exception>
+
+#include "device.h"
+#include "errors.h"
+
+namespace torchneuron::runtime {
+
+namespace {
+constexpr int64_t kSpinNs = 50'000;
+} // namespace
+
+Stream::Stream(Device& device, int id) : device_(device), id_(id) {}
+
+Stream::~Stream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  work_cv_.notify_all();
+  if (executor_.joinable()) executor_.join();
+}
+
+uint64_t Stream::enqueue(std::string name, std::function<void()> run) {
+  Task task;
+  task.name = std::move(name);
+  task.run = std::move(run);
+  return enqueue(std::move(task));
+}
+
+uint64_t Stream::enqueue(Task task) {
+  task.enqueued_ns = now_ns();
+  if (device_.launch_blocking()) {
+    // Debug mode: run here and now, after everything before it, and report
+    // an error at the launch that caused it.
+    std::unique_lock<std::mutex> lock(mu_);
+    task.seq = enqueued_.load() + 1;
+    enqueued_.store(task.seq, std::memory_order_release);
+    ++host_waiters_;
+    done_cv_.wait(lock, [&] { return completed_.load() + 1 == task.seq; });
+    --host_waiters_;
+    lock.unlock();
+    run_one(task);
+    device_.raise_pending_error();
+    return task.seq;
+  }
+  bool wake;
+  uint64_t seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    seq = task.seq = enqueued_.load() + 1;
+    queue_.push_back(std::move(task));
+    enqueued_.store(seq, std::memory_order_release);
+    if (!executor_.joinable()) executor_ = std::thread([this] { executor_loop(); });
+    wake = executor_sleeping_;
+  }
+  if (wake) work_cv_.notify_one();
+  return seq;
+}
+
+void Stream::run_one(Task& task) {
+  task.started_ns = now_ns();
+  try {
+    task.run();
+  } catch (const std::exception& e) {
+    device_.record_error(AsyncError(device_.index(), id_, task.name, e.what()));
+  } catch (...) {
+    device_.record_error(AsyncError(device_.index(), id_, task.name, "unknown exception"));
+  }
+  task.finished_ns = now_ns();
+  device_.observe(id_, task);
+  task.run = nullptr;  // release captures before the task counts as done
+  std::lock_guard<std::mutex> lock(mu_);
+  completed_.store(task.seq, std::memory_order_release);
+  if (host_waiters_ > 0) done_cv_.notify_all();
+}
+
+void Stream::executor_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (queue_.empty()) {
+        // Spin briefly before sleeping: a host issuing a burst of small
+        // operators then avoids paying a wake-up per task.
+        const uint64_t seen = enqueued_.load(std::memory_order_acquire);
+        lock.unlock();
+        for (int64_t t0 = now_ns(); enqueued_.load(std::memory_order_acquire) == seen &&
+                                    now_ns() - t0 < kSpinNs;)
+          std::this_thread::yield();
+        lock.lock();
+        executor_sleeping_ = true;
+        work_cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+        executor_sleeping_ = false;
+        if (queue_.empty()) return;  // stopping
+      }
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    run_one(task);
+  }
+}
+
+void Stream::wait_until(uint64_t seq) {
+  if (is_complete(seq)) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  ++host_waiters_;
+  done_cv_.wait(lock, [&] { return is_complete(seq); });
+  --host_waiters_;
+}
+
+void Stream::synchronize() {
+  wait_until(last_enqueued());
+  device_.raise_pending_error();
+}
+
+bool Stream::amend_pending_tail(const std::function<bool(Task&)>& amend) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (queue_.empty()) return false;
+  return amend(queue_.back());
+}
+
+size_t Stream::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+} // namespace torchneuron::runtime

@@ -1,0 +1,239 @@
+// Unit tests of the torch-free runtime. A tiny harness keeps the runtime free of
+// test-framework dependencies: each TEST registers itself; main runs them all.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime.h"
+
+using namespace torchneuron::runtime;
+
+namespace {
+std::vector<std::pair<const char*, std::function<void()>>>& registry() {
+  static std::vector<std::pair<const char*, std::function<void()>>> r;
+  return r;
+}
+struct Register {
+  Register(const char* name, std::function<void()> fn) { registry().emplace_back(name, std::move(fn)); }
+};
+#define TEST(name)                                   \
+  void test_##name();                                \
+  Register register_##name(#name, test_##name);      \
+  void test_##name()
+#define CHECK(cond)                                                                      \
+  do {                                                                                   \
+    if (!(cond)) throw std::runtime_error(std::string(__FILE__) + ":" +                  \
+                                          std::to_string(__LINE__) + ": CHECK(" #cond ")"); \
+  } while (0)
+template <class E, class F>
+std::string expect_throw(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  throw std::runtime_error("expected an exception that was not thrown");
+}
+bool contains(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+DeviceProperties props(size_t capacity) {
+  DeviceProperties p;
+  p.name = "test";
+  p.total_memory = capacity;
+  return p;
+}
+} // namespace
+
+TEST(visible_cores_syntax) {
+  CHECK((parse_visible_cores("0-3") == std::vector<int>{0, 1, 2, 3}));
+  CHECK((parse_visible_cores("0,2") == std::vector<int>{0, 2}));
+  CHECK((parse_visible_cores(" 5 ") == std::vector<int>{5}));
+  CHECK((parse_visible_cores("0-1,4") == std::vector<int>{0, 1, 4}));
+  for (const char* bad : {"", "a", "3-1", "0,,1", "0,0", "1-", "-1", "999"}) {
+    auto msg = expect_throw<ConfigError>([&] { parse_visible_cores(bad); });
+    CHECK(contains(msg, "NEURON_RT_VISIBLE_CORES"));
+  }
+}
+
+TEST(byte_sizes) {
+  CHECK(parse_bytes("X", "4G") == (4ull << 30));
+  CHECK(parse_bytes("X", "512MiB") == (512ull << 20));
+  CHECK(parse_bytes("X", "1024") == 1024);
+  expect_throw<ConfigError>([] { parse_bytes("X", "lots"); });
+  expect_throw<ConfigError>([] { parse_bytes("X", "0"); });
+  expect_throw<ConfigError>([] { parse_bytes("X", "3Q"); });
+}
+
+TEST(memory_accounting_and_out_of_memory) {
+  Device d(props(8 << 20), false);
+  void* a = d.map(4 << 20);
+  void* b = d.map(2 << 20);
+  CHECK(d.mapped_bytes() == (6u << 20));
+  CHECK(d.contains(static_cast<char*>(a) + 100) && d.contains(b) && !d.contains(&d));
+  std::memset(a, 1, 4 << 20);  // the memory is real
+  auto msg = expect_throw<OutOfMemoryError>([&] { d.map(4 << 20); });
+  CHECK(contains(msg, "out of device memory"));
+  CHECK(d.mapped_bytes() == (6u << 20));  // a failed map leaves no trace
+  d.unmap(a);
+  CHECK(d.mapped_bytes() == (2u << 20));
+  void* c = d.map(6 << 20);  // fits again
+  d.unmap(b);
+  d.unmap(c);
+  CHECK(d.mapped_bytes() == 0);
+  expect_throw<UsageError>([&] { d.unmap(&d); });
+}
+
+TEST(stream_runs_tasks_in_order_asynchronously) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  std::vector<int> order;
+  std::atomic<bool> release{false};
+  s.enqueue("gate", [&] { while (!release) std::this_thread::yield(); });
+  for (int i = 0; i < 100; ++i) s.enqueue("t", [&order, i] { order.push_back(i); });
+  CHECK(!s.query());  // the host returned while the device is still busy
+  CHECK(s.pending() > 0);
+  release = true;
+  s.synchronize();
+  CHECK(s.query());
+  CHECK(order.size() == 100);
+  for (int i = 0; i < 100; ++i) CHECK(order[i] == i);
+}
+
+TEST(pending_tail_can_be_amended_before_it_starts) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  std::atomic<bool> release{false};
+  int value = 0;
+  s.enqueue("gate", [&] { while (!release) std::this_thread::yield(); });
+  s.enqueue("set", [&] { value = 1; });
+  bool amended = s.amend_pending_tail([&](Task& t) {
+    auto first = t.run;
+    t.run = [first, &value] { first(); value += 10; };
+    t.name += "+add";
+    return true;
+  });
+  CHECK(amended);
+  release = true;
+  s.synchronize();
+  CHECK(value == 11);
+  CHECK(!s.amend_pending_tail([](Task&) { return true; }));  // nothing pending
+}
+
+TEST(events_order_work_across_streams) {
+  Device d(props(1 << 20), false);
+  Stream& producer = d.stream(1);
+  Stream& consumer = d.stream(2);
+  std::atomic<int> data{0};
+  int seen = -1;
+  producer.enqueue("slow_write", [&] { sleep_ms(50); data = 42; });
+  Event e;
+  e.record(producer);
+  CHECK(!e.query());
+  e.block(consumer);
+  consumer.enqueue("read", [&] { seen = data; });
+  consumer.synchronize();
+  CHECK(seen == 42);
+  CHECK(e.query());
+}
+
+TEST(unrecorded_event_is_complete) {
+  Device d(props(1 << 20), false);
+  Event e;
+  CHECK(e.query());
+  e.synchronize();
+  e.block(d.stream(0));
+}
+
+TEST(elapsed_time_uses_device_timestamps) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  Event start(true), end(true);
+  start.record(s);
+  s.enqueue("sleep", [] { sleep_ms(30); });
+  end.record(s);
+  expect_throw<UsageError>([&] { (void)start.elapsed_ms(end); });  // not done yet
+  end.synchronize();
+  double ms = start.elapsed_ms(end);
+  CHECK(ms >= 29.0 && ms < 1000.0);
+  Event untimed;
+  untimed.record(s);
+  untimed.synchronize();
+  expect_throw<UsageError>([&] { (void)start.elapsed_ms(untimed); });
+}
+
+TEST(task_errors_are_raised_at_synchronisation) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  bool later_ran = false;
+  s.enqueue("aten::bad_op", [] { throw std::out_of_range("index 7 is out of bounds"); });
+  s.enqueue("aten::next", [&] { later_ran = true; });
+  auto msg = expect_throw<AsyncError>([&] { s.synchronize(); });
+  CHECK(contains(msg, "aten::bad_op") && contains(msg, "index 7 is out of bounds"));
+  CHECK(later_ran);
+  s.synchronize();  // the error was reported once; the device works on
+  // Any synchronising call reports it: device-wide and event synchronisation.
+  s.enqueue("aten::other", [] { throw std::runtime_error("boom"); });
+  CHECK(contains(expect_throw<AsyncError>([&] { d.synchronize(); }), "aten::other"));
+  s.enqueue("aten::third", [] { throw std::runtime_error("boom"); });
+  Event e;
+  e.record(s);
+  CHECK(contains(expect_throw<AsyncError>([&] { e.synchronize(); }), "aten::third"));
+}
+
+TEST(launch_blocking_runs_each_task_before_returning) {
+  Device d(props(1 << 20), true);
+  Stream& s = d.stream(0);
+  int value = 0;
+  s.enqueue("set", [&] { value = 5; });
+  CHECK(value == 5);
+  CHECK(s.query());
+  auto msg = expect_throw<AsyncError>([&] { s.enqueue("aten::fails", [] { throw std::runtime_error("x"); }); });
+  CHECK(contains(msg, "aten::fails"));
+}
+
+TEST(stream_pool_and_bounds) {
+  Device d(props(1 << 20), false);
+  for (int i = 0; i < 100; ++i) {
+    int id = d.next_pool_stream();
+    CHECK(id >= 1 && id < Device::kStreams);
+  }
+  expect_throw<UsageError>([&] { d.stream(Device::kStreams); });
+}
+
+TEST(many_streams_run_concurrently) {
+  Device d(props(1 << 20), false);
+  std::atomic<int> running{0}, peak{0};
+  for (int i = 1; i <= 4; ++i)
+    d.stream(i).enqueue("overlap", [&] {
+      int now = ++running;
+      int p = peak.load();
+      while (now > p && !peak.compare_exchange_weak(p, now)) {}
+      sleep_ms(40);
+      --running;
+    });
+  d.synchronize();
+  CHECK(peak.load() >= 2);
+}
+
+int main() {
+  int passed = 0, failed = 0;
+  for (auto& [name, fn] : registry()) {
+    try {
+      fn();
+      ++passed;
+      std::printf("PASS %s\n", name);
+    } catch (const std::exception& e) {
+      ++failed;
+      std::printf("FAIL %s: %s\n", name, e.what());
+    }
+  }
+  std::printf("runtime: %d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
