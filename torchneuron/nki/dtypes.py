@@ -1,0 +1,180 @@
+"""NKI data types and the conversions between them.
+
+Storage uses NumPy dtypes; the 8-bit and 16-bit brain/ML float formats come
+from the ``ml_dtypes`` package, whose casts round to nearest, ties to even, like
+the hardware.  ``tfloat32`` has no NumPy dtype: it is stored as float32 whose
+mantissa is rounded to 10 bits on every write.
+
+Engines compute in float32 whatever the storage type (``to_compute``), and
+results are rounded once when written to their destination (``from_compute``).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+
+class _TFloat32:
+    """Marker for tfloat32 (1 sign, 8 exponent, 10 mantissa bits) stored in float32."""
+
+    name = "tfloat32"
+    itemsize = 4
+
+    def __repr__(self):
+        return "tfloat32"
+
+    def __reduce__(self):
+        return "tfloat32"
+
+
+tfloat32 = _TFloat32()
+
+bool_ = np.dtype(np.bool_)
+int8 = np.dtype(np.int8)
+int16 = np.dtype(np.int16)
+int32 = np.dtype(np.int32)
+uint8 = np.dtype(np.uint8)
+uint16 = np.dtype(np.uint16)
+uint32 = np.dtype(np.uint32)
+float16 = np.dtype(np.float16)
+float32 = np.dtype(np.float32)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+# NKI's float8_e4m3 is the IEEE-style format (max 240, has inf/NaN); the "fn"
+# variant (max 448, no inf) is the OCP one.  ml_dtypes has both.
+float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+fp32 = float32
+
+_BY_NAME = {
+    "bool": bool_, "bool_": bool_, "int8": int8, "int16": int16, "int32": int32,
+    "uint8": uint8, "uint16": uint16, "uint32": uint32, "float16": float16,
+    "fp16": float16, "float32": float32, "fp32": float32, "bfloat16": bfloat16,
+    "bf16": bfloat16, "float8_e4m3": float8_e4m3, "float8_e4m3fn": float8_e4m3fn,
+    "float8_e5m2": float8_e5m2, "tfloat32": tfloat32,
+}
+
+SUPPORTED = (bool_, int8, int16, int32, uint8, uint16, uint32, float16, float32,
+             bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2)
+
+
+def normalize(dtype):
+    """Map anything a kernel may pass as ``dtype`` to an NKI dtype (np.dtype or tfloat32)."""
+    if dtype is None or dtype is tfloat32:
+        return dtype
+    if isinstance(dtype, str):
+        try:
+            return _BY_NAME[dtype]
+        except KeyError:
+            raise TypeError(f"unsupported NKI dtype {dtype!r}") from None
+    if getattr(dtype, "name", None) == "tfloat32":
+        return tfloat32
+    d = np.dtype(dtype)
+    if d == np.float64:
+        # Host code often hands float64 arrays or Python floats; the device has
+        # no 64-bit types, so they are narrowed at the HBM boundary only.
+        return d
+    if d == np.int64:
+        return d
+    if d not in SUPPORTED:
+        raise TypeError(f"unsupported NKI dtype {d}")
+    return d
+
+
+def storage(dtype) -> np.dtype:
+    """NumPy dtype used to hold values of an NKI dtype."""
+    return float32 if dtype is tfloat32 else np.dtype(dtype)
+
+
+def itemsize(dtype) -> int:
+    return 4 if dtype is tfloat32 else np.dtype(dtype).itemsize
+
+
+def name(dtype) -> str:
+    return "tfloat32" if dtype is tfloat32 else np.dtype(dtype).name
+
+
+def is_float(dtype) -> bool:
+    return dtype is tfloat32 or np.issubdtype(storage(dtype), np.floating) or storage(dtype) in (
+        bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2)
+
+
+def is_int(dtype) -> bool:
+    return dtype is not tfloat32 and np.issubdtype(np.dtype(dtype), np.integer)
+
+
+def _round_tf32(x: np.ndarray) -> np.ndarray:
+    """Round float32 values to 10 mantissa bits, nearest-even (the tfloat32 grid)."""
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    finite = (bits & 0x7F800000) != 0x7F800000
+    lsb = (bits >> 13) & 1
+    rounded = ((bits + 0x0FFF + lsb) & np.uint32(0xFFFFE000)).astype(np.uint32)
+    return np.where(finite, rounded, bits).view(np.float32)
+
+
+def to_compute(values: np.ndarray) -> np.ndarray:
+    """Values as the engines see them: float32 (bool/int are converted exactly where possible)."""
+    if values.dtype == np.float32:
+        return values
+    return values.astype(np.float32)
+
+
+def from_compute(values, dtype) -> np.ndarray:
+    """Round float32 engine results to ``dtype`` as the hardware does.
+
+    Floats round to nearest-even (overflow goes to inf where the format has it,
+    else saturates, as ml_dtypes does).  Integers round to nearest-even and
+    saturate to the type's range instead of wrapping, and NaN becomes 0: an
+    engine writing to an integer tile never produces a wrapped value.
+    """
+    values = np.asarray(values)
+    if dtype is tfloat32:
+        return _round_tf32(values.astype(np.float32, copy=False))
+    d = np.dtype(dtype)
+    if values.dtype == d:
+        return values
+    if d == np.bool_:
+        return values != 0
+    if np.issubdtype(d, np.integer):
+        if np.issubdtype(values.dtype, np.integer) or values.dtype == np.bool_:
+            info = np.iinfo(d)
+            return np.clip(values, info.min, info.max).astype(d)
+        info = np.iinfo(d)
+        v = np.rint(values.astype(np.float64, copy=False))
+        v = np.nan_to_num(v, nan=0.0, posinf=info.max, neginf=info.min)
+        return np.clip(v, info.min, info.max).astype(d)
+    if values.dtype == np.float64 and d != np.float32:
+        # Go through float32 first: the engine result is float32, and double
+        # rounding via float64 would not match it.
+        values = values.astype(np.float32)
+    return values.astype(d)
+
+
+def promote(a, b):
+    """Result dtype of a binary tile operation when none is given.
+
+    Same types keep their type; a float wins over an int; two different floats
+    compute to float32 (the engines' internal type).
+    """
+    if a is None:
+        return b
+    if b is None or a == b:
+        return a
+    fa, fb = is_float(a), is_float(b)
+    if fa and not fb:
+        return a
+    if fb and not fa:
+        return b
+    if fa and fb:
+        return float32
+    # two integer types: the wider one, signed if either is signed
+    return np.promote_types(storage(a), storage(b)) if itemsize(a) != itemsize(b) else int32
+
+
+def static_cast(array, dtype):
+    """Host-side cast of a NumPy array to an NKI dtype with device rounding rules."""
+    dtype = normalize(dtype)
+    arr = np.asarray(array)
+    if arr.dtype == np.float64 and is_float(dtype):
+        arr = arr.astype(np.float32)
+    return from_compute(arr, dtype)

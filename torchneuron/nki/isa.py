@@ -1,0 +1,564 @@
+"""nki.isa: single NeuronCore instructions, in both calling conventions.
+
+Beta 1 returns the result tile:      ``t = nisa.tensor_copy(src)``
+NKI 0.x writes a destination first:  ``nisa.tensor_copy(dst, src)`` / ``dst=``
+
+Each instruction accepts both.  The destination form is recognised by a
+``dst=`` keyword, by one positional argument more than the beta-1 signature
+takes, or by a tile where beta-1 expects an operator (and vice versa).
+"""
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+from . import dtypes as _dt
+from . import ops as _ops
+from .context import current
+from .errors import NKILimitError, NKITypeError
+from .machine import Buffer, TileSize
+from .tensor import NkiTensor, align_to, allocate
+
+F32 = np.float32
+
+
+# ------------------------------------------------------------------- enums
+class engine(enum.Enum):
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+    sync = "sync"
+    unknown = "unknown"
+
+
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+class reduce_cmd(enum.Enum):
+    """Control of an engine's accumulation register for instructions with ``reduce_res``."""
+
+    idle = "idle"
+    reset = "reset"
+    reduce = "reduce"
+    reset_reduce = "reset_reduce"
+    load_reduce = "load_reduce"
+
+
+class nc_version(enum.Enum):
+    gen2 = 2
+    gen3 = 3
+
+
+def get_nc_version():
+    return nc_version.gen3 if current().launch.target.name.endswith("v3") else nc_version.gen2
+
+
+class dge_mode(enum.Enum):
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
+
+
+class oob_mode(enum.Enum):
+    error = 0
+    skip = 1
+
+
+# ------------------------------------------------------------ conventions
+def _style(args, kwargs, old_kinds):
+    """Split a call into (dst or None, bound old-style arguments).
+
+    ``old_kinds`` names the beta-1 positional parameters with their kind:
+    'T' tile, 'F' operator, 'A' anything.
+    """
+    names = [n for n, _ in old_kinds]
+    new = "dst" in kwargs or len(args) > len(old_kinds)
+    if not new:
+        for a, (_, kind) in zip(args, old_kinds):
+            if (kind == "T" and not isinstance(a, NkiTensor)) or (kind == "F" and isinstance(a, NkiTensor)):
+                new = True
+                break
+    kw = dict(kwargs)
+    if new:
+        if "dst" in kw:
+            dst = kw.pop("dst")
+        else:
+            dst, args = args[0], args[1:]
+    else:
+        dst = None
+    for n, a in zip(names, args):
+        if n in kw:
+            raise TypeError(f"argument {n!r} given twice")
+        kw[n] = a
+    if len(args) > len(names):
+        raise TypeError(f"too many positional arguments (expected {names})")
+    return dst, kw
+
+
+def _emit(dst, values, dtype, *, mask=None, buffer=Buffer.sbuf, name=""):
+    """Deliver an instruction result: into ``dst`` (0.x) or as a new tile (beta 1)."""
+    if dst is None:
+        return _ops.result(values, dtype, mask, buffer, name)
+    if not isinstance(dst, NkiTensor) or not dst.buffer.on_chip:
+        raise NKITypeError(f"{name}: dst must be an SBUF or PSUM tile, got {dst!r}")
+    dst.write(align_to(np.asarray(values, dtype=F32), dst.shape), _mask(mask, dst.shape))
+    return dst
+
+
+def _mask(mask, shape):
+    if mask is None:
+        return None
+    return align_to(np.asarray(mask, dtype=bool), shape)
+
+
+def _tile(x, what):
+    if not isinstance(x, NkiTensor):
+        raise NKITypeError(f"{what} must be a tile, got {type(x).__name__}")
+    return x
+
+
+def _values(x, what, mask=None):
+    return _ops.operand(x, what, mask)
+
+
+def _free_reduce(op, values):
+    axes = tuple(range(1, values.ndim))
+    return _ops.reduce_values(op, values, axes, keepdims=True).reshape(values.shape[0], 1)
+
+
+def _accumulate(eng, op, partial, cmd):
+    """Engine accumulation register update for ``reduce_cmd``; returns the register."""
+    regs = current().accumulators
+    cmd = reduce_cmd.reset_reduce if cmd is None else cmd
+    if cmd in (reduce_cmd.reset_reduce, reduce_cmd.reset, reduce_cmd.load_reduce) or eng not in regs:
+        regs[eng] = partial
+    elif cmd is reduce_cmd.reduce:
+        regs[eng] = _ops.resolve_binary(op)(regs[eng], partial).astype(F32)
+    return regs[eng]
+
+
+def _write_reduce_res(reduce_res, values):
+    if reduce_res is None:
+        return
+    _tile(reduce_res, "reduce_res").write(align_to(values, reduce_res.shape))
+
+
+# ------------------------------------------------------------ Tensor Engine
+def nc_matmul(*args, **kwargs):
+    """stationary.T @ moving into PSUM (float32).
+
+    Destination form: ``accumulate=None`` adds into elements of ``dst`` already
+    written since allocation and overwrites the others (the hardware's
+    accumulation group starts at the first matmul into a fresh PSUM tile);
+    True always adds, False always overwrites.
+    """
+    dst, kw = _style(args, kwargs, [("stationary", "T"), ("moving", "T")])
+    r = _ops.matmul_values(kw["stationary"], kw["moving"], "nisa.nc_matmul")
+    if dst is None:
+        return _ops.result(r, _dt.float32, kw.get("mask"), Buffer.psum, "nc_matmul")
+    dst = _tile(dst, "nc_matmul dst")
+    if dst.buffer is not Buffer.psum:
+        raise NKITypeError("nisa.nc_matmul writes PSUM; dst is in " + dst.buffer.value)
+    r = align_to(r, dst.shape)
+    acc = kw.get("accumulate")
+    if acc is False:
+        new = r
+    else:
+        cur = dst.compute_values(None, "nc_matmul accumulate")
+        if acc is None:
+            cur = np.where(dst._psum_valid_view(), cur, F32(0))
+        new = cur + r
+    dst.write(new)
+    return dst
+
+
+def nc_transpose(*args, **kwargs):
+    """Swap partition and free axis of a 2-D tile (Tensor Engine: <=128x128 into PSUM;
+    Vector Engine: <=32x32 into SBUF)."""
+    dst, kw = _style(args, kwargs, [("data", "T")])
+    data = _tile(kw["data"], "nc_transpose data")
+    v, d = _values(data, "nisa.nc_transpose")
+    v = v.reshape(v.shape[0], -1)
+    eng = kw.get("engine", engine.unknown)
+    on_vector = eng is engine.vector
+    limit = 32 if on_vector else TileSize.pmax
+    for size, what in ((v.shape[0], "partition size"), (v.shape[1], "free size")):
+        if size > limit:
+            raise NKILimitError("nc_transpose " + ("vector engine 32x32" if on_vector else "nl.tile_size.pmax"),
+                                size, limit, f"nc_transpose input {what}")
+    buf = Buffer.sbuf if on_vector else Buffer.psum
+    return _emit(dst, np.ascontiguousarray(v.T), kw.get("dtype") or d, buffer=buf, name="nc_transpose")
+
+
+# ------------------------------------------------------ Vector/Scalar/GpSimd
+def activation(*args, **kwargs):
+    """op(data * scale + bias), with an optional reduction of the result along the free axes."""
+    dst, kw = _style(args, kwargs, [("op", "F"), ("data", "T"), ("bias", "A"), ("scale", "A")])
+    f = _ops.resolve_unary(kw["op"])
+    v, d = _values(kw["data"], "nisa.activation")
+    scale = kw.get("scale", 1.0)
+    bias = kw.get("bias")
+    x = v
+    if not (isinstance(scale, (int, float)) and scale == 1.0):
+        s, _ = _values(scale, "activation scale")
+        x = x * (align_to(s, v.shape) if np.ndim(s) else s)
+    if bias is not None:
+        b, _ = _values(bias, "activation bias")
+        x = x + align_to(b, v.shape)
+    with np.errstate(all="ignore"):
+        out = np.asarray(f(x.astype(F32, copy=False)), dtype=F32)
+    reduce_op = kw.get("reduce_op")
+    reduce_res = kw.get("reduce_res")
+    if reduce_res is not None:
+        op = reduce_op if reduce_op is not None else np.add
+        reg = _accumulate(engine.scalar, op, _free_reduce(op, out), kw.get("reduce_cmd"))
+        _write_reduce_res(reduce_res, reg)
+    return _emit(dst, out, kw.get("dtype") or d, mask=kw.get("mask"), name="activation")
+
+
+def activation_reduce(*args, **kwargs):
+    """activation() whose result is also reduced (``reduce_op``) into ``reduce_res``."""
+    dst, kw = _style(args, kwargs, [("op", "F"), ("data", "T"), ("reduce_op", "F"), ("reduce_res", "T"),
+                                    ("bias", "A"), ("scale", "A")])
+    if dst is not None:
+        kw["dst"] = dst
+    kw.setdefault("reduce_cmd", reduce_cmd.reset_reduce)
+    return activation(**kw)
+
+
+def tensor_reduce(*args, **kwargs):
+    """Reduce ``data`` along free ``axis`` with ``op`` (optionally negated)."""
+    dst, kw = _style(args, kwargs, [("op", "F"), ("data", "T"), ("axis", "A")])
+    v, d = _values(kw["data"], "nisa.tensor_reduce")
+    axes = _ops.normalize_axis(kw.get("axis"), v.ndim)
+    if 0 in axes and v.ndim > 1:
+        raise NKITypeError("nisa.tensor_reduce reduces free axes only; use tensor_partition_reduce for axis 0")
+    with np.errstate(all="ignore"):
+        r = _ops.reduce_values(kw["op"], v, axes, kw.get("keepdims", False))
+    if kw.get("negate", False):
+        r = -r
+    return _emit(dst, np.asarray(r, dtype=F32), kw.get("dtype") or d, mask=kw.get("mask"), name="tensor_reduce")
+
+
+def tensor_partition_reduce(*args, **kwargs):
+    """Reduce across partitions (axis 0) with ``op`` on the GpSimd Engine."""
+    dst, kw = _style(args, kwargs, [("op", "F"), ("data", "T")])
+    v, d = _values(kw["data"], "nisa.tensor_partition_reduce")
+    r = _ops.reduce_values(kw["op"], v, (0,), keepdims=True)
+    return _emit(dst, np.asarray(r, dtype=F32), kw.get("dtype") or d, name="tensor_partition_reduce")
+
+
+def tensor_tensor(*args, **kwargs):
+    """op(data1, data2) element-wise on two tiles (not both in PSUM)."""
+    dst, kw = _style(args, kwargs, [("data1", "T"), ("data2", "T"), ("op", "F")])
+    a, b = _tile(kw["data1"], "data1"), _tile(kw["data2"], "data2")
+    if a.buffer is Buffer.psum and b.buffer is Buffer.psum:
+        raise NKITypeError("nisa.tensor_tensor: data1 and data2 cannot both be in PSUM")
+    f = _ops.resolve_binary(kw["op"])
+    va, da = _values(a, "nisa.tensor_tensor")
+    vb, db = _values(b, "nisa.tensor_tensor")
+    shape = _ops.out_shape(va, vb)
+    with np.errstate(all="ignore"):
+        r = np.asarray(f(align_to(va, shape), align_to(vb, shape)), dtype=F32)
+    return _emit(dst, r, kw.get("dtype") or _dt.promote(da, db), mask=kw.get("mask"), name="tensor_tensor")
+
+
+def _apply(op, data, operand, reverse):
+    f = _ops.resolve_binary(op)
+    o = operand if np.ndim(operand) == 0 else align_to(operand, data.shape)
+    with np.errstate(all="ignore"):
+        return np.asarray(f(o, data) if reverse else f(data, o), dtype=F32)
+
+
+def tensor_scalar(*args, **kwargs):
+    """(data op0 operand0) op1 operand1, operands scalars or one value per partition."""
+    dst, kw = _style(args, kwargs, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("reverse0", "A"),
+                                    ("op1", "F"), ("operand1", "A"), ("reverse1", "A")])
+    v, d = _values(kw["data"], "nisa.tensor_scalar")
+    o0, _ = _values(kw["operand0"], "operand0")
+    r = _apply(kw["op0"], v, o0, kw.get("reverse0", False))
+    if kw.get("op1") is not None:
+        o1, _ = _values(kw["operand1"], "operand1")
+        r = _apply(kw["op1"], r, o1, kw.get("reverse1", False))
+    return _emit(dst, r, kw.get("dtype") or d, mask=kw.get("mask"), name="tensor_scalar")
+
+
+def tensor_scalar_reduce(*args, **kwargs):
+    """tensor_scalar with one operator, also reducing the result into ``reduce_res``."""
+    dst, kw = _style(args, kwargs, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("reduce_op", "F"),
+                                    ("reduce_res", "T"), ("reverse0", "A")])
+    v, d = _values(kw["data"], "nisa.tensor_scalar_reduce")
+    o0, _ = _values(kw["operand0"], "operand0")
+    r = _apply(kw["op0"], v, o0, kw.get("reverse0", False))
+    _write_reduce_res(kw["reduce_res"], _free_reduce(kw["reduce_op"], r))
+    return _emit(dst, r, kw.get("dtype") or d, mask=kw.get("mask"), name="tensor_scalar_reduce")
+
+
+def scalar_tensor_tensor(*args, **kwargs):
+    """(data op0 operand0) op1 operand1, operand0 a scalar/per-partition value, operand1 a tile."""
+    dst, kw = _style(args, kwargs, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("op1", "F"),
+                                    ("operand1", "T"), ("reverse0", "A"), ("reverse1", "A")])
+    v, d = _values(kw["data"], "nisa.scalar_tensor_tensor")
+    o0, _ = _values(kw["operand0"], "operand0")
+    o1, d1 = _values(kw["operand1"], "operand1")
+    r = _apply(kw["op0"], v, o0, kw.get("reverse0", False))
+    r = _apply(kw["op1"], r, o1, kw.get("reverse1", False))
+    return _emit(dst, r, kw.get("dtype") or _dt.promote(d, d1), mask=kw.get("mask"), name="scalar_tensor_tensor")
+
+
+def tensor_tensor_scan(*args, **kwargs):
+    """Per partition: r[i] = op1(op0(data0[i], r[i-1]), data1[i]), r[-1] = initial."""
+    dst, kw = _style(args, kwargs, [("data0", "T"), ("data1", "T"), ("initial", "A"), ("op0", "F"),
+                                    ("op1", "F"), ("reverse0", "A"), ("reverse1", "A")])
+    v0, d0 = _values(kw["data0"], "nisa.tensor_tensor_scan")
+    v1, _ = _values(kw["data1"], "nisa.tensor_tensor_scan")
+    a = v0.reshape(v0.shape[0], -1)
+    b = v1.reshape(v1.shape[0], -1)
+    init, _ = _values(kw["initial"], "initial")
+    prev = np.broadcast_to(np.asarray(init, dtype=F32).reshape(-1), (a.shape[0],)).astype(F32)
+    op0, op1 = _ops.resolve_binary(kw["op0"]), _ops.resolve_binary(kw["op1"])
+    rev0, rev1 = kw.get("reverse0", False), kw.get("reverse1", False)
+    out = np.empty_like(a)
+    # The recurrence is sequential along the free axis; each step is a vector
+    # operation over all partitions at once.
+    for i in range(a.shape[1]):
+        t = op0(prev, a[:, i]) if rev0 else op0(a[:, i], prev)
+        prev = (op1(b[:, i], t) if rev1 else op1(t, b[:, i])).astype(F32)
+        out[:, i] = prev
+    return _emit(dst, out.reshape(v0.shape), kw.get("dtype") or d0, name="tensor_tensor_scan")
+
+
+def tensor_copy(*args, **kwargs):
+    """Copy a tile between SBUF and PSUM (an engine pass: converts through float32)."""
+    dst, kw = _style(args, kwargs, [("src", "T")])
+    src = _tile(kw["src"], "tensor_copy src")
+    v, d = _values(src, "nisa.tensor_copy")
+    return _emit(dst, v, kw.get("dtype") or d, mask=kw.get("mask"), name="tensor_copy")
+
+
+def tensor_copy_predicated(*args, **kwargs):
+    """Copy ``src`` into ``dst`` where ``predicate`` is nonzero."""
+    dst, kw = _style(args, kwargs, [("src", "T"), ("predicate", "T")])
+    if dst is None:
+        raise NKITypeError("nisa.tensor_copy_predicated needs dst")
+    v, _ = _values(kw["src"], "nisa.tensor_copy_predicated")
+    p, _ = _values(kw["predicate"], "nisa.tensor_copy_predicated")
+    pred = align_to(p, dst.shape) != 0
+    if kw.get("reverse_pred", False):
+        pred = ~pred
+    dst.write(align_to(v, dst.shape), pred)
+    return dst
+
+
+def reciprocal(*args, **kwargs):
+    """1 / data."""
+    dst, kw = _style(args, kwargs, [("data", "T")])
+    v, d = _values(kw["data"], "nisa.reciprocal")
+    with np.errstate(all="ignore"):
+        r = (F32(1) / v).astype(F32)
+    return _emit(dst, r, kw.get("dtype") or d, mask=kw.get("mask"), name="reciprocal")
+
+
+def _affine_values(shape, pattern, offset, channel_multiplier):
+    parts = shape[0]
+    nums = [int(n) for _, n in pattern]
+    if int(np.prod(nums, dtype=np.int64)) != int(np.prod(shape[1:], dtype=np.int64)):
+        raise NKITypeError(f"pattern {pattern} does not cover the {tuple(shape)} destination")
+    val = np.full([parts] + nums, float(offset), dtype=np.float64)
+    val += (np.arange(parts) * channel_multiplier).reshape([parts] + [1] * len(nums))
+    for k, (step, n) in enumerate(pattern):
+        shp = [1] * (len(nums) + 1)
+        shp[k + 1] = int(n)
+        val = val + (np.arange(int(n)) * step).reshape(shp)
+    return val.reshape(shape)
+
+
+def iota(*args, **kwargs):
+    """Index-dependent values: beta 1 ``iota(expr, dtype)`` with an index-grid expression;
+    0.x ``iota(dst, pattern, offset, channel_multiplier=0)``."""
+    if args and isinstance(args[0], NkiTensor) or "dst" in kwargs:
+        kw = dict(kwargs)
+        dst = kw.pop("dst") if "dst" in kw else args[0]
+        rest = list(args[1:]) if "dst" not in kwargs else list(args)
+        names = ["pattern", "offset", "channel_multiplier"]
+        for n, a in zip(names, rest):
+            kw[n] = a
+        if isinstance(kw.get("pattern"), np.ndarray):  # iota(dst, expr)
+            vals = kw["pattern"].astype(np.float64)
+        else:
+            vals = _affine_values(dst.shape, kw["pattern"], kw.get("offset", 0), kw.get("channel_multiplier", 0))
+        dst.write(align_to(vals, dst.shape))
+        return dst
+    kw = dict(kwargs)
+    expr = args[0] if args else kw.pop("expr")
+    dtype = args[1] if len(args) > 1 else kw.get("dtype", _dt.int32)
+    vals = np.asarray(expr, dtype=np.float64)
+    return _ops.result(vals.astype(F32), dtype)
+
+
+def affine_select(*args, **kwargs):
+    """Choose on_true_tile where an affine predicate of the indices holds, else on_false_value
+    (e.g. causal masks).  Beta 1: ``affine_select(pred, on_true_tile, on_false_value)`` with
+    ``pred`` an index-grid comparison; 0.x: ``affine_select(dst, pattern, offset,
+    channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal)``."""
+    if (args and isinstance(args[0], NkiTensor)) or "dst" in kwargs:
+        kw = dict(kwargs)
+        if "dst" in kw:
+            dst, rest = kw.pop("dst"), list(args)
+        else:
+            dst, rest = args[0], list(args[1:])
+        for n, a in zip(["pattern", "offset", "channel_multiplier", "on_true_tile", "on_false_value", "cmp_op"], rest):
+            kw[n] = a
+        vals = _affine_values(dst.shape, kw["pattern"], kw.get("offset", 0), kw.get("channel_multiplier", 0))
+        cmp = _ops.resolve_binary(kw.get("cmp_op", np.equal))
+        pred = cmp(vals, 0)
+        v, _ = _values(kw["on_true_tile"], "nisa.affine_select")
+        r = np.where(pred, align_to(v, dst.shape), F32(kw["on_false_value"]))
+        dst.write(r)
+        return dst
+    kw = dict(kwargs)
+    names = ["pred", "on_true_tile", "on_false_value"]
+    for n, a in zip(names, args):
+        kw[n] = a
+    v, d = _values(kw["on_true_tile"], "nisa.affine_select")
+    pred = align_to(np.asarray(kw["pred"], dtype=bool), v.shape)
+    r = np.where(pred, v, F32(kw["on_false_value"]))
+    return _ops.result(r, kw.get("dtype") or d, kw.get("mask"))
+
+
+def memset(*args, **kwargs):
+    """Fill with a constant: 0.x ``memset(dst, value)``; beta 1 ``memset(shape, value, dtype)``."""
+    kw = dict(kwargs)
+    if (args and isinstance(args[0], NkiTensor)) or "dst" in kw:
+        dst = kw.pop("dst") if "dst" in kw else args[0]
+        rest = list(args[1:]) if "dst" not in kwargs else list(args)
+        value = rest[0] if rest else kw["value"]
+        if not dst.buffer.on_chip:
+            raise NKITypeError("nisa.memset writes SBUF or PSUM")
+        dst.write(np.full(dst.shape, value, dtype=np.float64).astype(F32) if _dt.is_float(dst.dtype)
+                  else np.full(dst.shape, value))
+        return dst
+    shape = args[0] if args else kw.pop("shape")
+    value = args[1] if len(args) > 1 else kw.pop("value")
+    dtype = args[2] if len(args) > 2 else kw.pop("dtype", _dt.float32)
+    shape = tuple(shape)
+    return _ops.result(np.full(shape, value, dtype=F32), dtype)
+
+
+def dropout(*args, **kwargs):
+    """Zero elements with probability ``prob``."""
+    dst, kw = _style(args, kwargs, [("data", "T"), ("prob", "A")])
+    v, d = _values(kw["data"], "nisa.dropout")
+    p, _ = _values(kw["prob"], "prob")
+    keep = current().rng.random(v.shape, dtype=F32) >= align_to(p, v.shape)
+    return _emit(dst, np.where(keep, v, F32(0)), kw.get("dtype") or d, name="dropout")
+
+
+# ---------------------------------------------------------------- bn stats
+def bn_stats(*args, **kwargs):
+    """Per partition: (count, mean, variance*count) of the even and of the odd elements."""
+    dst, kw = _style(args, kwargs, [("data", "T")])
+    v, d = _values(kw["data"], "nisa.bn_stats")
+    v = v.reshape(v.shape[0], -1)
+    if v.shape[1] > TileSize.bn_stats_fmax:
+        raise NKILimitError("nl.tile_size.bn_stats_fmax", v.shape[1], TileSize.bn_stats_fmax,
+                            "bn_stats input free size")
+    out = np.zeros((v.shape[0], 6), dtype=F32)
+    for j, part in enumerate((v[:, 0::2], v[:, 1::2])):
+        n = part.shape[1]
+        out[:, 3 * j] = n
+        if n:
+            m = part.mean(axis=1, dtype=F32)
+            out[:, 3 * j + 1] = m
+            out[:, 3 * j + 2] = ((part - m[:, None]) ** 2).sum(axis=1, dtype=F32)
+    return _emit(dst, out, kw.get("dtype") or d, name="bn_stats")
+
+
+def bn_aggr(*args, **kwargs):
+    """Combine bn_stats tuples into (mean, variance) per partition."""
+    dst, kw = _style(args, kwargs, [("data", "T")])
+    v, d = _values(kw["data"], "nisa.bn_aggr")
+    v = v.reshape(v.shape[0], -1)
+    if v.shape[1] % 3:
+        raise NKITypeError("nisa.bn_aggr input must hold (count, mean, var*count) triples")
+    t = v.reshape(v.shape[0], -1, 3).astype(np.float64)
+    cnt, mean_i, m2 = t[..., 0], t[..., 1], t[..., 2]
+    n = cnt.sum(axis=1)
+    safe = np.where(n > 0, n, 1)
+    mean = (cnt * mean_i).sum(axis=1) / safe
+    var = (m2 + cnt * (mean_i - mean[:, None]) ** 2).sum(axis=1) / safe
+    out = np.stack([mean, var], axis=1).astype(F32)
+    return _emit(dst, out, kw.get("dtype") or d, name="bn_aggr")
+
+
+# -------------------------------------------------------------------- DMA
+def dma_copy(*args, **kwargs):
+    """Move data between any memories (HBM<->SBUF, HBM->HBM, SBUF->SBUF).
+
+    DMA moves bits; if the dtypes differ the value is converted (rounded to
+    nearest-even).  ``dst_rmw_op=np.add`` accumulates into dst instead.
+    """
+    kw = dict(kwargs)
+    names = ["dst", "src"]
+    for n, a in zip(names, args):
+        kw[n] = a
+    dst, src = _tile(kw["dst"], "dma_copy dst"), _tile(kw["src"], "dma_copy src")
+    mask = _mask(kw.get("mask"), dst.shape)
+    vals = src.raw_values(None, "nisa.dma_copy (source)")
+    if src.dtype != dst.dtype:
+        vals = _dt.to_compute(vals)
+    vals = align_to(vals, dst.shape)
+    rmw = kw.get("dst_rmw_op")
+    if rmw is not None:
+        cur = dst.compute_values(mask, "nisa.dma_copy (destination)")
+        vals = _ops.resolve_binary(rmw)(cur, _dt.to_compute(np.asarray(vals))).astype(F32)
+    dst.write(vals, mask, what="nisa.dma_copy (destination)")
+    return dst
+
+
+def dma_transpose(*args, **kwargs):
+    """Transpose while moving (2-D swap, or ``axes`` permutation)."""
+    kw = dict(kwargs)
+    if len(args) >= 2 or "dst" in kw:
+        dst = kw.pop("dst") if "dst" in kw else args[0]
+        src = args[1] if "dst" not in kwargs and len(args) > 1 else kw.pop("src", args[0] if args else None)
+    else:
+        dst, src = None, args[0] if args else kw.pop("src")
+    src = _tile(src, "dma_transpose src")
+    vals = src.raw_values(None, "nisa.dma_transpose")
+    axes = kw.get("axes")
+    out = np.ascontiguousarray(np.transpose(vals, axes) if axes is not None else vals.T)
+    if dst is None:
+        t = allocate(out.shape, src.dtype, Buffer.sbuf, "dma_transpose")
+        t.write(out)
+        return t
+    dst.write(align_to(out, dst.shape))
+    return dst
+
+
+# ------------------------------------------------------------ top-8 search
+def max8(*args, **kwargs):
+    """The 8 largest values of each partition, in descending order."""
+    dst, kw = _style(args, kwargs, [("src", "T")])
+    v, d = _values(kw["src"], "nisa.max8")
+    v = v.reshape(v.shape[0], -1)
+    top = -np.sort(-v, axis=1)[:, :8]
+    return _emit(dst, top, kw.get("dtype") or d, name="max8")
+
+
+def nc_find_index8(*args, **kwargs):
+    """Index (per partition) of the first occurrence of each of 8 values in ``data``."""
+    dst, kw = _style(args, kwargs, [("data", "T"), ("vals", "T")])
+    v, _ = _values(kw["data"], "nisa.nc_find_index8")
+    vals, _ = _values(kw["vals"], "nisa.nc_find_index8")
+    v = v.reshape(v.shape[0], -1)
+    vals = vals.reshape(vals.shape[0], -1)[:, :8]
+    idx = np.argmax(v[:, None, :] == vals[:, :, None], axis=2).astype(F32)
+    return _emit(dst, idx, kw.get("dtype") or _dt.uint32, name="nc_find_index8")

@@ -1,0 +1,165 @@
+"""``@nki.jit``: launching kernels on host buffers, with SPMD grids.
+
+A launch runs the kernel body once per point of its grid, in order, each
+instance with its own SBUF/PSUM accounting and program id.  Arguments that
+are arrays become HBM tensors *viewing the caller's memory* (no copy), so
+the device side can pass aliases of device memory and get results written
+in place; ``shared_hbm`` outputs are created through a pluggable allocator
+for the same reason.  Framework tensors (torch) are handed to an adapter
+(``torchneuron.nki.torch_bridge``) that is imported only when such an
+argument is seen, so importing this package never imports torch.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+
+import numpy as np
+
+from .context import InstanceState, LaunchState, running
+from .errors import NKIError
+from .machine import Buffer, TARGETS
+from .tensor import NkiTensor, wrap_host_array
+
+# Adapters for framework tensors: objects with ``accepts(args, kwargs)`` and
+# ``launch(kernel, grid, args, kwargs)``.  Modules listed in _LAZY_ADAPTERS
+# register themselves when imported.
+_ADAPTERS: list = []
+_LAZY_ADAPTERS = {"torch": "torchneuron.nki.torch_bridge"}
+
+
+def register_adapter(adapter):
+    """Let a framework bridge run kernels called with its tensor type."""
+    if adapter not in _ADAPTERS:
+        _ADAPTERS.append(adapter)
+
+
+def _framework_of(values):
+    for v in values:
+        mod = type(v).__module__.split(".")[0]
+        if mod in _LAZY_ADAPTERS:
+            return mod
+    return None
+
+
+def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=None, debug=None,
+                        kernel_name=None):
+    """Run ``fn`` on the emulator with NumPy-compatible buffers.
+
+    This is the seam for device integration: every ``np.ndarray`` in ``args``
+    and ``kwargs`` (top level, or inside lists/tuples) is viewed as an HBM
+    tensor without copying; ``hbm_allocator(shape, np_dtype)`` creates the
+    storage of ``shared_hbm`` outputs (NumPy zeros/garbage by default).
+    Returns the kernel's return value with HBM tensors replaced by their
+    arrays.
+    """
+    grid = tuple(int(g) for g in grid)
+    launch = LaunchState(grid, target=target, debug=debug, hbm_allocator=hbm_allocator,
+                         kernel_name=kernel_name or getattr(fn, "__name__", "kernel"))
+    copy_back = []
+
+    def wrap(v, name):
+        if isinstance(v, np.ndarray):
+            arr = v
+            if not v.flags.c_contiguous or not v.flags.writeable:
+                # HBM views must be contiguous; a strided argument is staged
+                # through a copy and written back after the launch.
+                arr = np.ascontiguousarray(v).copy()
+                if v.flags.writeable:
+                    copy_back.append((v, arr))
+            return wrap_host_array(arr, Buffer.hbm, name)
+        if isinstance(v, (list, tuple)) and any(isinstance(x, np.ndarray) for x in v):
+            return type(v)(wrap(x, f"{name}[{i}]") for i, x in enumerate(v))
+        return v
+
+    names = _param_names(fn)
+    wargs = [wrap(a, names[i] if i < len(names) else f"arg{i}") for i, a in enumerate(args)]
+    wkwargs = {k: wrap(v, k) for k, v in kwargs.items()}
+    result = None
+    points = itertools.product(*[range(g) for g in grid]) if grid else [()]
+    for pid in points:
+        with running(InstanceState(launch, pid)):
+            result = fn(*wargs, **wkwargs)
+    for orig, staged in copy_back:
+        np.copyto(orig, staged)
+    return _unwrap(result)
+
+
+@functools.lru_cache(maxsize=None)
+def _param_names_cached(code):
+    return code.co_varnames[:code.co_argcount]
+
+
+def _param_names(fn):
+    code = getattr(fn, "__code__", None)
+    return _param_names_cached(code) if code is not None else ()
+
+
+def _unwrap(value):
+    if isinstance(value, NkiTensor):
+        if value.buffer.on_chip:
+            raise NKIError("a kernel can only return HBM tensors (declare outputs with buffer=nl.shared_hbm)")
+        return value._alloc.data if value._is_whole() else np.array(value.read())
+    if isinstance(value, tuple):
+        return tuple(_unwrap(v) for v in value)
+    if isinstance(value, list):
+        return [_unwrap(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _unwrap(v) for k, v in value.items()}
+    return value
+
+
+class Kernel:
+    """A function decorated with ``@nki.jit``.
+
+    ``kernel(*args)`` runs one instance; ``kernel[gx, gy](*args)`` runs an
+    SPMD grid.  Options: ``target='v2'|'v3'``, ``debug=True`` (uninitialised
+    memory is NaN/garbage).  Other keyword options of the real decorator
+    (mode, platform_target, ...) are accepted and ignored.
+    """
+
+    def __init__(self, fn, *, grid=(), target=None, debug=None, **options):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.grid = tuple(grid)
+        self.target = TARGETS[target.replace("neuroncore-", "")] if isinstance(target, str) else target
+        self.debug = debug
+        self.options = options
+
+    def __getitem__(self, grid):
+        if not isinstance(grid, tuple):
+            grid = (grid,)
+        k = Kernel.__new__(Kernel)
+        k.__dict__.update(self.__dict__)
+        k.grid = tuple(int(g) for g in grid)
+        return k
+
+    def __call__(self, *args, **kwargs):
+        fw = _framework_of(list(args) + list(kwargs.values()))
+        if fw is not None:
+            importlib.import_module(_LAZY_ADAPTERS[fw])
+            for adapter in _ADAPTERS:
+                if adapter.accepts(args, kwargs):
+                    return adapter.launch(self, self.grid, args, kwargs)
+            raise NKIError(f"no integration is registered for {fw} tensors")
+        return run_on_host_buffers(self.fn, self.grid, args, kwargs, target=self.target, debug=self.debug,
+                                   kernel_name=self.fn.__name__)
+
+    def __repr__(self):
+        return f"<nki.jit kernel {self.fn.__name__} grid={self.grid}>"
+
+
+def jit(fn=None, **options):
+    """Decorate an NKI kernel: ``@nki.jit`` or ``@nki.jit(debug=True)``."""
+    if fn is None:
+        return lambda f: Kernel(f, **options)
+    return Kernel(fn, **options)
+
+
+def simulate_kernel(kernel, *args, **kwargs):
+    """Upstream's ``nki.simulate_kernel(kernel[grid], *numpy_args)``: run on NumPy arrays."""
+    if isinstance(kernel, Kernel):
+        return run_on_host_buffers(kernel.fn, kernel.grid, args, kwargs, target=kernel.target,
+                                   debug=kernel.debug, kernel_name=kernel.fn.__name__)
+    return run_on_host_buffers(kernel, (), args, kwargs)

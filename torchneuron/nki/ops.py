@@ -1,0 +1,247 @@
+"""Engine arithmetic shared by nki.language and nki.isa.
+
+Every instruction reads its operands as float32 (the engines' internal
+type), computes with vectorised NumPy over the whole tile, and produces a
+float32 result that is rounded once to the destination dtype.  Operators can
+be given as nki.language functions or as NumPy ufuncs (``op=np.add``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import dtypes as _dt
+from .errors import NKITypeError
+from .machine import Buffer
+from .tensor import NkiTensor, align_to, allocate, pair_shapes
+
+F32 = np.float32
+
+
+# --------------------------------------------------------------- functions
+def _erf(x):
+    # Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7, below float32 resolution
+    # for the values that matter); NumPy has no vectorised erf.
+    s = np.sign(x)
+    a = np.abs(x).astype(np.float64)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    y = 1.0 - (((((1.061405429 * t - 1.453152027) * t) + 1.421413741) * t - 0.284496736) * t
+               + 0.254829592) * t * np.exp(-a * a)
+    return (s * y).astype(F32)
+
+
+def _sigmoid(x):
+    return (1.0 / (1.0 + np.exp(-x))).astype(F32)
+
+
+UNARY = {
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+    "rsqrt": lambda x: (1.0 / np.sqrt(x)).astype(F32),
+    "reciprocal": lambda x: (1.0 / x).astype(F32),
+    "tanh": np.tanh, "sigmoid": _sigmoid,
+    "relu": lambda x: np.maximum(x, F32(0)),
+    "gelu": lambda x: (0.5 * x * (1.0 + _erf(x / np.sqrt(F32(2))))).astype(F32),
+    "gelu_apprx_tanh": lambda x: (0.5 * x * (1.0 + np.tanh(F32(0.7978845608) * (x + F32(0.044715) * x ** 3)))).astype(F32),
+    "gelu_apprx_sigmoid": lambda x: (x * _sigmoid(F32(1.702) * x)).astype(F32),
+    "gelu_dx": lambda x: (0.5 * (1.0 + _erf(x / np.sqrt(F32(2)))) + x * np.exp(-0.5 * x * x) / np.sqrt(F32(2 * np.pi))).astype(F32),
+    "silu": lambda x: (x * _sigmoid(x)).astype(F32),
+    "silu_dx": lambda x: (_sigmoid(x) * (1 + x * (1 - _sigmoid(x)))).astype(F32),
+    "softplus": lambda x: np.logaddexp(F32(0), x).astype(F32),
+    "mish": lambda x: (x * np.tanh(np.logaddexp(F32(0), x))).astype(F32),
+    "erf": _erf,
+    "erf_dx": lambda x: (2.0 / np.sqrt(np.pi) * np.exp(-x * x)).astype(F32),
+    "sin": np.sin, "cos": np.cos, "tan": np.tan, "arctan": np.arctan,
+    "abs": np.abs, "negative": np.negative, "sign": np.sign,
+    "square": np.square, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
+    "copy": lambda x: x, "identity": lambda x: x,
+    "logical_not": lambda x: (x == 0).astype(F32),
+}
+
+# Reductions named by a non-ufunc NumPy function, and the binary op behind them.
+_NUMPY_ALIASES = {
+    id(np.max): np.maximum, id(np.amax): np.maximum, id(np.min): np.minimum,
+    id(np.amin): np.minimum, id(np.sum): np.add, id(np.prod): np.multiply,
+}
+
+COMPARISONS = {np.equal, np.not_equal, np.greater, np.greater_equal, np.less, np.less_equal,
+               np.logical_and, np.logical_or, np.logical_xor}
+BITWISE = {np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift}
+
+
+def resolve_binary(op):
+    """NumPy binary function for an ``op=`` value (nl function or ufunc)."""
+    f = getattr(op, "_binary", None)
+    if f is not None:
+        return f
+    if isinstance(op, np.ufunc) and op.nin == 2:
+        return op
+    f = _NUMPY_ALIASES.get(id(op))
+    if f is not None:
+        return f
+    raise NKITypeError(f"{getattr(op, '__name__', op)!r} is not a binary operator")
+
+
+def resolve_unary(op):
+    """NumPy float32 function for an activation ``op=`` value."""
+    if op is None:
+        return UNARY["copy"]
+    f = getattr(op, "_unary", None)
+    if f is not None:
+        return f
+    if isinstance(op, np.ufunc) and op.nin == 1:
+        return op
+    name = getattr(op, "__name__", None)
+    if name in UNARY:
+        return UNARY[name]
+    raise NKITypeError(f"{name or op!r} is not an activation function")
+
+
+def reduce_values(op, values, axis, keepdims=False):
+    f = resolve_binary(op)
+    if isinstance(f, np.ufunc):
+        return f.reduce(values, axis=axis, keepdims=keepdims)
+    raise NKITypeError(f"{getattr(op, '__name__', op)!r} cannot be used as a reduction")
+
+
+def normalize_axis(axis, ndim):
+    if axis is None:
+        return tuple(range(1, ndim))
+    if isinstance(axis, (list, tuple)):
+        return tuple(a % ndim for a in axis)
+    return (int(axis) % ndim,)
+
+
+# ------------------------------------------------------------------ operands
+def operand(x, what, mask=None):
+    """(float32 values, dtype or None) of an instruction operand.
+
+    Tiles must be on chip: engines cannot read HBM.  Python numbers and index
+    grids (NumPy arrays from nl.arange) are immediate values with no dtype of
+    their own.
+    """
+    if isinstance(x, NkiTensor):
+        if not x.buffer.on_chip:
+            raise NKITypeError(f"{what}: operand {x!r} is in {x.buffer.value}; engines only read SBUF/PSUM, "
+                               f"load it first (nl.load / nisa.dma_copy)")
+        return x.compute_values(mask, what), x.dtype
+    if isinstance(x, np.ndarray):
+        return x.astype(F32), None
+    if isinstance(x, (bool, np.bool_)):
+        return F32(bool(x)), None
+    if isinstance(x, (int, float, np.integer, np.floating)):
+        return F32(x), None
+    raise NKITypeError(f"{what}: unsupported operand of type {type(x).__name__}")
+
+
+def result(values, dtype, mask=None, buffer: Buffer = Buffer.sbuf, name: str = ""):
+    """A new tile holding an instruction's float32 result, rounded to ``dtype``."""
+    values = np.asarray(values)
+    if values.dtype != F32:
+        values = values.astype(F32)
+    dtype = _dt.normalize(dtype) if dtype is not None else _dt.float32
+    shape = values.shape if values.ndim else (1, 1)
+    if not values.ndim:
+        values = values.reshape(shape)
+    t = allocate(shape, dtype, buffer, name, values=values)
+    t._alloc.exact = values
+    if mask is not None:
+        t._mask = np.broadcast_to(align_to(mask, shape), shape).astype(bool, copy=False)
+    return t
+
+
+def out_shape(*vals):
+    shape = ()
+    for v in vals:
+        s = np.shape(v)
+        if s:
+            shape = pair_shapes(shape, s) if shape else tuple(s)
+    return shape
+
+
+def binary(f, a, b, *, dtype=None, mask=None, what=None):
+    what = what or getattr(f, "__name__", "operation")
+    if f in BITWISE:
+        va, da = _int_operand(a, what)
+        vb, db = _int_operand(b, what)
+    else:
+        va, da = operand(a, what)
+        vb, db = operand(b, what)
+    shape = out_shape(va, vb)
+    if shape:
+        va = align_to(va, shape) if np.ndim(va) else va
+        vb = align_to(vb, shape) if np.ndim(vb) else vb
+    with np.errstate(all="ignore"):
+        r = f(va, vb)
+    out = dtype if dtype is not None else (_dt.promote(da, db) or _dt.float32)
+    return result(np.asarray(r).astype(F32), out, mask)
+
+
+def _int_operand(x, what):
+    if isinstance(x, NkiTensor):
+        v, d = operand(x, what)
+        return x.read().astype(np.int64) if _dt.is_int(x.dtype) or x.dtype == np.bool_ else v.astype(np.int64), d
+    return np.asarray(x).astype(np.int64), None
+
+
+def unary(f, x, *, dtype=None, mask=None, what=None):
+    v, d = operand(x, what or getattr(f, "__name__", "operation"))
+    with np.errstate(all="ignore"):
+        r = f(v)
+    return result(np.asarray(r).astype(F32), dtype if dtype is not None else (d or _dt.float32), mask)
+
+
+def reduce(op, x, axis, *, dtype=None, mask=None, keepdims=False, negate=False, what="reduce"):
+    v, d = operand(x, what)
+    axes = normalize_axis(axis, v.ndim)
+    with np.errstate(all="ignore"):
+        r = reduce_values(op, v, axes, keepdims)
+    if negate:
+        r = -r
+    return result(np.asarray(r).astype(F32), dtype if dtype is not None else d, mask)
+
+
+def update(target: NkiTensor, f, other):
+    """``target op= other`` in place (float32 arithmetic, one rounding)."""
+    if not target.buffer.on_chip:
+        raise NKITypeError("in-place arithmetic needs an on-chip tile; HBM is written by nl.store / dma_copy")
+    mask = other._mask if isinstance(other, NkiTensor) else None
+    cur = target.compute_values(mask, "in-place update")
+    v, _ = operand(other, "in-place update", mask)
+    with np.errstate(all="ignore"):
+        r = f(cur, align_to(v, cur.shape) if np.ndim(v) else v)
+    target.write(np.asarray(r, dtype=F32), mask)
+
+
+def broadcast_to(x: NkiTensor, shape):
+    v, d = operand(x, "broadcast_to")
+    return result(np.array(align_to(v, tuple(shape))), d)
+
+
+# ------------------------------------------------------------------- matmul
+def matmul_values(stationary: NkiTensor, moving: NkiTensor, what="nc_matmul", require_sbuf=True):
+    """stationary.T @ moving in float32, with the Tensor Engine's tile limits."""
+    from .errors import NKILimitError
+    from .machine import TileSize
+    for name, t in (("stationary", stationary), ("moving", moving)):
+        if not isinstance(t, NkiTensor) or not t.buffer.on_chip:
+            raise NKITypeError(f"{what}: {name} must be an on-chip tile, got {t!r}")
+        if require_sbuf and t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"{what}: {name} must be in SBUF (the Tensor Engine reads SBUF), got {t.buffer.value}")
+    s = stationary.compute_values(None, what)
+    m = moving.compute_values(None, what)
+    s2 = s.reshape(s.shape[0], -1)
+    m2 = m.reshape(m.shape[0], -1)
+    k = s2.shape[0]
+    if k != m2.shape[0]:
+        raise NKITypeError(f"{what}: contraction (partition) sizes differ: stationary {tuple(s.shape)}, "
+                           f"moving {tuple(m.shape)}")
+    if k > TileSize.pmax:
+        raise NKILimitError("nl.tile_size.pmax", k, TileSize.pmax, f"{what} contraction (partition) size")
+    if s2.shape[1] > TileSize.gemm_stationary_fmax:
+        raise NKILimitError("nl.tile_size.gemm_stationary_fmax", s2.shape[1], TileSize.gemm_stationary_fmax,
+                            f"{what} stationary free size")
+    if m2.shape[1] > TileSize.gemm_moving_fmax:
+        raise NKILimitError("nl.tile_size.gemm_moving_fmax", m2.shape[1], TileSize.gemm_moving_fmax,
+                            f"{what} moving free size")
+    # float32 GEMM: products of (b)f16/fp8 inputs are exact in float32 and the
+    # sums accumulate in float32, as in the PE array.
+    return np.matmul(s2.T, m2, dtype=F32)
