@@ -17,7 +17,7 @@ from . import ops as _ops
 from .context import current
 from .errors import NKIError, NKITypeError
 from .machine import Buffer, TileSize
-from .tensor import DynSlice, NkiTensor, ParDim, align_to, allocate
+from .tensor import DynSlice, NkiTensor, ParDim, align_to, allocate, pair_shapes
 
 # ------------------------------------------------------------------ dtypes
 bool_ = _dt.bool_
@@ -291,7 +291,11 @@ def load_transpose2d(src, mask=None, dtype=None, **kwargs):
 def _m(mask, *xs):
     if mask is None:
         return None
-    shape = _ops.out_shape(*[x.shape if isinstance(x, NkiTensor) else np.shape(x) for x in xs])
+    shape = ()
+    for x in xs:
+        s = tuple(x.shape) if isinstance(x, NkiTensor) else np.shape(x)
+        if s:
+            shape = pair_shapes(shape, s) if shape else s
     return _mask(mask, shape)
 
 

@@ -144,6 +144,11 @@ def result(values, dtype, mask=None, buffer: Buffer = Buffer.sbuf, name: str = "
     t = allocate(shape, dtype, buffer, name, values=values)
     t._alloc.exact = values
     if mask is not None:
+        mask = np.asarray(mask, dtype=bool)
+        if mask.ndim > len(shape):
+            # the mask was given over the operand's shape (a reduction's input):
+            # an output element is live if its partition/leading index is
+            mask = mask.any(axis=tuple(range(len(shape), mask.ndim)))
         t._mask = np.broadcast_to(align_to(mask, shape), shape).astype(bool, copy=False)
     return t
 

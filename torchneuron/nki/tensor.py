@@ -189,7 +189,7 @@ class NkiTensor:
         """Raise if an element outside the tensor is accessed and not masked off."""
         if self._oob is None:
             return
-        bad = self._oob if mask is None else (self._oob & ~np.broadcast_to(mask, self._oob.shape))
+        bad = self._oob if mask is None else (self._oob & np.broadcast_to(mask, self._oob.shape))
         if bad.any():
             pos = tuple(int(i) for i in np.argwhere(bad)[0])
             raise NKIOutOfBoundsError(
