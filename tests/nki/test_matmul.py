@@ -1,0 +1,112 @@
+"""Tiled matrix multiply with PSUM accumulation, in both language generations."""
+import time
+
+import numpy as np
+import pytest
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+
+
+@nki.jit
+def matmul_beta1(lhsT, rhs):
+    """result = lhsT.T @ rhs; K x M and K x N inputs, tiles of 128 x 128 x 512."""
+    k_dim, m_dim = lhsT.shape
+    _, n_dim = rhs.shape
+    tm, tk, tn = nl.tile_size.gemm_stationary_fmax, nl.tile_size.pmax, nl.tile_size.gemm_moving_fmax
+    result = nl.ndarray((m_dim, n_dim), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    for m in nl.affine_range(m_dim // tm):
+        for n in nl.affine_range(n_dim // tn):
+            acc = nl.zeros((tm, tn), nl.float32, buffer=nl.psum)
+            for k in nl.affine_range(k_dim // tk):
+                a = nl.load(lhsT[k * tk:(k + 1) * tk, m * tm:(m + 1) * tm])
+                b = nl.load(rhs[k * tk:(k + 1) * tk, n * tn:(n + 1) * tn])
+                acc += nl.matmul(a, b, transpose_x=True)
+            nl.store(result[m * tm:(m + 1) * tm, n * tn:(n + 1) * tn], value=nl.copy(acc, dtype=result.dtype))
+    return result
+
+
+@nki.jit
+def matmul_nki0(lhsT, rhs):
+    """Same computation with destination-first ISA calls; the K loop keeps the rhs
+    block in SBUF and accumulates in PSUM without an explicit zeroing."""
+    k_dim, m_dim = lhsT.shape
+    _, n_dim = rhs.shape
+    tm, tk, tn = 128, 128, 512
+    result = nl.ndarray((m_dim, n_dim), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    for n in range(n_dim // tn):
+        rhs_tiles = []
+        for k in range(k_dim // tk):
+            t = nl.ndarray((tk, tn), dtype=rhs.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=t, src=rhs[k * tk:(k + 1) * tk, n * tn:(n + 1) * tn])
+            rhs_tiles.append(t)
+        for m in range(m_dim // tm):
+            acc = nl.ndarray((tm, tn), dtype=nl.float32, buffer=nl.psum)
+            for k in range(k_dim // tk):
+                a = nl.ndarray((tk, tm), dtype=lhsT.dtype, buffer=nl.sbuf)
+                nisa.dma_copy(dst=a, src=lhsT[k * tk:(k + 1) * tk, m * tm:(m + 1) * tm])
+                nisa.nc_matmul(dst=acc, stationary=a, moving=rhs_tiles[k])
+            out = nl.ndarray((tm, tn), dtype=result.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=out, src=acc)
+            nisa.dma_copy(dst=result[m * tm:(m + 1) * tm, n * tn:(n + 1) * tn], src=out)
+    return result
+
+
+def reference(lhsT, rhs, dtype):
+    return (lhsT.astype(np.float32).T @ rhs.astype(np.float32)).astype(dtype)
+
+
+@pytest.mark.parametrize("kernel", [matmul_beta1, matmul_nki0])
+def test_matmul_fp32(kernel, rng):
+    lhsT = rng.standard_normal((256, 256)).astype(np.float32)
+    rhs = rng.standard_normal((256, 1024)).astype(np.float32)
+    np.testing.assert_allclose(kernel(lhsT, rhs), lhsT.T @ rhs, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel", [matmul_beta1, matmul_nki0])
+def test_matmul_bf16_1024_cubed_in_seconds(kernel, rng):
+    lhsT = rng.standard_normal((1024, 1024)).astype(nl.bfloat16)
+    rhs = rng.standard_normal((1024, 1024)).astype(nl.bfloat16)
+    start = time.perf_counter()
+    out = kernel(lhsT, rhs)
+    elapsed = time.perf_counter() - start
+    assert out.dtype == nl.bfloat16
+    ref = reference(lhsT, rhs, np.float32)
+    # fp32 accumulation, one rounding to bf16 at the end
+    np.testing.assert_allclose(out.astype(np.float32), ref, rtol=1e-2, atol=0.1)
+    assert elapsed < 10, f"1024^3 bf16 matmul took {elapsed:.1f}s"
+
+
+def test_psum_accumulate_flag(rng):
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.load(a)
+        bt = nl.load(b)
+        acc = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, at, bt)                     # fresh PSUM: overwrite
+        nisa.nc_matmul(acc, at, bt)                     # accumulate
+        nisa.nc_matmul(acc, at, bt, accumulate=True)    # accumulate
+        nisa.nc_matmul(acc, at, bt, accumulate=False)   # restart the group
+        nisa.nc_matmul(acc, at, bt)
+        res = nisa.tensor_copy(acc)
+        nl.store(out, value=res)
+        return out
+
+    a = rng.standard_normal((32, 128)).astype(np.float32)
+    b = rng.standard_normal((32, 64)).astype(np.float32)
+    np.testing.assert_allclose(nki.jit(k.fn, debug=True)(a, b), 2 * a.T @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_and_tf32_inputs(rng):
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray((a.shape[1], b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+        ps = nisa.nc_matmul(nl.load(a), nl.load(b))
+        nl.store(out, value=nisa.tensor_copy(ps))
+        return out
+
+    a = rng.standard_normal((64, 32)).astype(nl.float8_e4m3)
+    b = rng.standard_normal((64, 48)).astype(nl.float8_e5m2)
+    np.testing.assert_allclose(k(a, b), a.astype(np.float32).T @ b.astype(np.float32), rtol=1e-6, atol=1e-5)
