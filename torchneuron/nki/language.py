@@ -7,6 +7,7 @@ uses from this module (``nl.ndarray``, buffers, dtypes, ``tile_size``).
 from __future__ import annotations
 
 import ast
+import builtins
 import linecache
 import sys
 
@@ -484,7 +485,7 @@ def _assignment_target(filename, lineno):
     if key in _TARGET_CACHE:
         return _TARGET_CACHE[key]
     code = None
-    for start in range(lineno, max(0, lineno - 5), -1):
+    for start in range(lineno, builtins.max(0, lineno - 5), -1):
         text = "".join(linecache.getline(filename, i) for i in range(start, lineno + 3)).strip()
         for end in range(len(text), 0, -1):
             try:
