@@ -7,16 +7,16 @@
 Kernels decorated with ``@nki.jit`` run standalone when called with NumPy
 arrays.  See docs/nki.md.  Importing this package does not import torch.
 """
-from . import isa, language  # noqa: F401  (submodules are part of the API)
+from . import compiler, isa, language  # noqa: F401  (submodules are part of the API)
 from .aliases import install_import_aliases, uninstall_import_aliases
 from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
-from .jit import Kernel, jit, register_adapter, run_on_host_buffers, simulate_kernel
+from .jit import Kernel, baremetal, jit, register_adapter, run_on_host_buffers, simulate_kernel
 from .machine import TARGETS, Buffer, TileSize
 from .tensor import NkiTensor
 
 __all__ = [
-    "jit", "Kernel", "simulate_kernel", "run_on_host_buffers", "register_adapter",
+    "jit", "baremetal", "Kernel", "simulate_kernel", "run_on_host_buffers", "register_adapter",
     "install_import_aliases", "uninstall_import_aliases",
     "NKIError", "NKILimitError", "NKIOutOfBoundsError", "NKITypeError",
-    "NkiTensor", "Buffer", "TileSize", "TARGETS", "language", "isa",
+    "NkiTensor", "Buffer", "TileSize", "TARGETS", "language", "isa", "compiler",
 ]

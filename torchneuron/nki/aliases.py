@@ -31,25 +31,11 @@ def _typing_module():
     return mod
 
 
-def _compiler_module():
-    mod = types.ModuleType("torchneuron.nki.compiler")
-
-    def no_reorder(*a, **k):
-        """Scheduling directive; instructions already run in program order here."""
-        return None
-
-    mod.no_reorder = no_reorder
-    mod.skip_middle_end_transformations = lambda f=None, **k: f
-    mod.enable_stack_allocator = lambda f=None, **k: f
-    mod.force_auto_alloc = lambda f=None, **k: f
-    return mod
-
-
 def install_import_aliases(force: bool = False):
     """Make ``import neuronxcc.nki.language as nl`` / ``import nki.isa as nisa`` load this emulator."""
-    from . import isa, language
+    from . import compiler, isa, language
     pkg = sys.modules["torchneuron.nki"]
-    extras = {"typing": _typing_module(), "compiler": _compiler_module()}
+    extras = {"typing": _typing_module(), "compiler": compiler}
     for name, mod in extras.items():
         sys.modules.setdefault(f"torchneuron.nki.{name}", mod)
         setattr(pkg, name, sys.modules[f"torchneuron.nki.{name}"])

@@ -157,6 +157,11 @@ def jit(fn=None, **options):
     return Kernel(fn, **options)
 
 
+def baremetal(fn=None, **options):
+    """Upstream's decorator for running a kernel directly on NumPy arrays; here the same as jit."""
+    return jit(fn, **options)
+
+
 def simulate_kernel(kernel, *args, **kwargs):
     """Upstream's ``nki.simulate_kernel(kernel[grid], *numpy_args)``: run on NumPy arrays."""
     if isinstance(kernel, Kernel):

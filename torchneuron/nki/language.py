@@ -49,8 +49,11 @@ def _buffer(buffer):
         return Buffer.sbuf
     if isinstance(buffer, Buffer):
         return buffer
+    from .compiler import AllocSpec
+    if isinstance(buffer, AllocSpec):
+        return buffer.buffer
     raise NKITypeError(f"unsupported buffer {buffer!r}: use nl.sbuf, nl.psum, nl.hbm, nl.private_hbm "
-                       f"or nl.shared_hbm (compiler-directed allocation is not emulated)")
+                       f"or nl.shared_hbm")
 
 
 def _shape(shape):
