@@ -248,16 +248,31 @@ class NkiTensor:
             self._mark_psum_valid(mask)
 
     def _mark_psum_valid(self, mask=None):
-        valid = self._alloc.psum_valid
-        if self._arr is not None and self._is_whole() and mask is None:
-            valid[...] = True
+        view = self._parallel_view(self._alloc.psum_valid)
+        if view is not None:
+            if mask is None:
+                view[...] = True
+            else:
+                view |= mask
             return
-        flat = valid.reshape(-1)
-        key = self._flat_key()
-        flat[key if mask is None else key[mask]] = True
+        flat = self._alloc.psum_valid.reshape(-1)
+        flat[self._key if mask is None else self._key[mask]] = True
 
     def _psum_valid_view(self):
-        return self._alloc.psum_valid.reshape(-1)[self._flat_key()]
+        view = self._parallel_view(self._alloc.psum_valid)
+        return view if view is not None else self._alloc.psum_valid.reshape(-1)[self._key]
+
+    def _parallel_view(self, other: np.ndarray):
+        """The same elements of ``other`` (an array shaped like our storage) as this
+        basic view selects from the storage; None for gathered views."""
+        if self._arr is None:
+            return None
+        if self._is_whole():
+            return other
+        off, strides = self._offset_strides()
+        flat = other.reshape(-1)
+        return np.lib.stride_tricks.as_strided(flat[off:], shape=self.shape,
+                                               strides=[st * flat.itemsize for st in strides])
 
     def _flat_key(self):
         """Flat storage index of every element of this view."""
