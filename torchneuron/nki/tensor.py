@@ -465,11 +465,8 @@ def align_to(values, shape):
     except ValueError:
         pass
     if v.size == int(np.prod(shape, dtype=np.int64)):
+        # same elements, different unit axes (e.g. (128, 1) written to (128,))
         return v.reshape(shape)
-    squeezed = v.reshape([s for s in v.shape if s != 1]) if v.ndim else v
-    target = [s for s in shape if s != 1]
-    if list(squeezed.shape) == target or squeezed.ndim == 0:
-        return np.broadcast_to(squeezed.reshape(shape) if squeezed.size == int(np.prod(shape)) else squeezed, shape)
     raise NKITypeError(f"shape mismatch: cannot use a {tuple(v.shape)} value for a {shape} tile")
 
 
