@@ -1,5 +1,6 @@
 #include "device.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 
 #include <vector>
@@ -128,9 +129,16 @@ struct Runtime {
   }
 };
 
+std::atomic<bool> g_forked_child{false};
+
 Runtime& the_runtime() {
   // Never destroyed: executor threads may still hold devices at exit.
-  static Runtime* rt = new Runtime();
+  static Runtime* rt = [] {
+    // A forked child has none of the parent's executor threads, so it must not
+    // touch devices the parent initialised.
+    pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
+    return new Runtime();
+  }();
   return *rt;
 }
 
@@ -139,6 +147,10 @@ Runtime& the_runtime() {
 int device_count() noexcept { return static_cast<int>(the_runtime().devices.size()); }
 
 void init() {
+  if (g_forked_child.load())
+    throw UsageError(
+        "the neuron device cannot be used in a forked subprocess after the parent process "
+        "initialised it; use the 'spawn' start method (multiprocessing.set_start_method('spawn'))");
   if (the_runtime().config_error) throw *the_runtime().config_error;
 }
 

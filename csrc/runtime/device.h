@@ -80,7 +80,8 @@ class Device {
 };
 
 // The process-wide runtime. device_count() never throws (0 when the
-// configuration is invalid); init() raises the configuration error.
+// configuration is invalid); init() raises the configuration error, or the
+// fork error in a child forked after the runtime started. device() calls init().
 int device_count() noexcept;
 void init();
 Device& device(int index);

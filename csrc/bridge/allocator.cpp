@@ -1,0 +1,380 @@
+#include "allocator.h"
+
+#include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "device_state.h"
+
+namespace torchneuron {
+namespace {
+
+using c10::CachingAllocator::Stat;
+using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::DeviceStats;
+
+constexpr size_t kMinBlock = 512;             // every block is a multiple of this
+constexpr size_t kSmallRequest = 1 << 20;     // small pool: <= 1 MiB
+constexpr size_t kSmallSegment = 2 << 20;
+constexpr size_t kLargeSegment = 20 << 20;
+constexpr size_t kMinLargeAlloc = 10 << 20;   // larger requests get their own segment
+constexpr size_t kSegmentRound = 2 << 20;
+
+size_t round_size(size_t n) { return n < kMinBlock ? kMinBlock : (n + kMinBlock - 1) / kMinBlock * kMinBlock; }
+
+struct Block {
+  int device = 0;
+  int stream = 0;
+  size_t size = 0;
+  char* ptr = nullptr;
+  bool large = false;
+  size_t requested = 0;
+  bool allocated = false;
+  Block* prev = nullptr;  // neighbours within the segment
+  Block* next = nullptr;
+  std::vector<int> used_on;  // other streams (record_stream)
+  int pending_events = 0;    // events that must complete before reuse
+};
+
+struct BlockOrder {  // pools are searched by (stream, size), ties by address
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
+    if (a->size != b->size) return a->size < b->size;
+    return a->ptr < b->ptr;
+  }
+};
+
+struct DeviceCache {
+  std::mutex mu;
+  std::set<Block*, BlockOrder> small_pool, large_pool;
+  std::set<Block*> segments;  // the first block of each segment
+  std::deque<std::pair<std::unique_ptr<rt::Event>, Block*>> deferred;
+  DeviceStats stats;
+  bool record_history = false;
+  std::vector<TraceSnapshot> history;
+
+  std::set<Block*, BlockOrder>& pool(const Block* b) { return b->large ? large_pool : small_pool; }
+};
+
+DeviceCache& cache(int device) {
+  static std::array<DeviceCache, 64> caches;
+  return caches.at(device);
+}
+
+using StatField = c10::CachingAllocator::StatArray DeviceStats::*;
+
+void increase(DeviceCache& c, bool large, StatField f, size_t amount) {
+  (c.stats.*f)[size_t(StatType::AGGREGATE)].increase(amount);
+  (c.stats.*f)[size_t(large ? StatType::LARGE_POOL : StatType::SMALL_POOL)].increase(amount);
+}
+void decrease(DeviceCache& c, bool large, StatField f, size_t amount) {
+  (c.stats.*f)[size_t(StatType::AGGREGATE)].decrease(amount);
+  (c.stats.*f)[size_t(large ? StatType::LARGE_POOL : StatType::SMALL_POOL)].decrease(amount);
+}
+
+void trace(DeviceCache& c, const char* action, const void* ptr, size_t size, int stream) {
+  if (c.record_history)
+    c.history.push_back({action, reinterpret_cast<size_t>(ptr), size, stream, rt::now_ns() / 1000});
+}
+
+std::string mib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / (1 << 20));
+  return buf;
+}
+
+// Merges a free block with its free neighbours and returns it to its pool.
+void release_block(DeviceCache& c, Block* b) {
+  decrease(c, b->large, &DeviceStats::active, 1);
+  decrease(c, b->large, &DeviceStats::active_bytes, b->size);
+  trace(c, "free_completed", b->ptr, b->size, b->stream);
+  if (Block* n = b->next; n && !n->allocated && n->pending_events == 0) {
+    c.pool(n).erase(n);
+    b->size += n->size;
+    b->next = n->next;
+    if (n->next) n->next->prev = b;
+    delete n;
+  }
+  if (Block* p = b->prev; p && !p->allocated && p->pending_events == 0) {
+    c.pool(p).erase(p);
+    p->size += b->size;
+    p->next = b->next;
+    if (b->next) b->next->prev = p;
+    delete b;
+    b = p;
+  }
+  c.pool(b).insert(b);
+}
+
+void process_deferred(DeviceCache& c, bool all_done) {
+  while (!c.deferred.empty()) {
+    auto& [event, block] = c.deferred.front();
+    if (!all_done && !event->query()) break;
+    Block* b = block;
+    c.deferred.pop_front();
+    if (--b->pending_events == 0) release_block(c, b);
+  }
+}
+
+// Returns fully free segments to the runtime. Waits for the device first: a
+// cached block may still be in use by queued work of its stream.
+void release_cached(int device, std::unique_lock<std::mutex>& lock) {
+  DeviceCache& c = cache(device);
+  lock.unlock();
+  translate_errors([&] { rt::device(device).synchronize(); });
+  lock.lock();
+  process_deferred(c, true);
+  for (auto it = c.segments.begin(); it != c.segments.end();) {
+    Block* b = *it;
+    if (b->allocated || b->next || b->pending_events > 0) {
+      ++it;
+      continue;
+    }
+    c.pool(b).erase(b);
+    decrease(c, b->large, &DeviceStats::segment, 1);
+    decrease(c, b->large, &DeviceStats::reserved_bytes, b->size);
+    trace(c, "segment_free", b->ptr, b->size, b->stream);
+    rt::device(device).unmap(b->ptr);
+    delete b;
+    it = c.segments.erase(it);
+  }
+}
+
+char* map_segment(DeviceCache& c, int device, size_t seg, size_t size, std::unique_lock<std::mutex>& lock) {
+  try {
+    return static_cast<char*>(rt::device(device).map(seg));
+  } catch (const rt::OutOfMemoryError&) {
+  }
+  // Out of memory: return the cache to the device and try once more.
+  ++c.stats.num_alloc_retries;
+  release_cached(device, lock);
+  try {
+    return static_cast<char*>(rt::device(device).map(seg));
+  } catch (const rt::OutOfMemoryError& e) {
+    ++c.stats.num_ooms;
+    trace(c, "oom", nullptr, size, 0);
+    double allocated = double(c.stats.allocated_bytes[0].current);
+    double reserved = double(c.stats.reserved_bytes[0].current);
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", device, " out of memory. Tried to allocate ",
+                     mib(double(size)), ". The device has a total capacity of ", mib(double(e.capacity)),
+                     " of which ", mib(double(e.capacity - e.in_use)), " is free. Of the allocated memory ",
+                     mib(allocated), " is allocated by PyTorch, and ", mib(reserved - allocated),
+                     " is reserved by PyTorch but unallocated. TORCHNEURON_HBM_BYTES sets the capacity.");
+  }
+}
+
+Block* malloc_block(int device, int stream, size_t requested) {
+  DeviceCache& c = cache(device);
+  std::unique_lock<std::mutex> lock(c.mu);
+  process_deferred(c, false);
+  const size_t size = round_size(requested);
+  const bool large = size > kSmallRequest;
+  auto& pool = large ? c.large_pool : c.small_pool;
+  Block key;
+  key.stream = stream;
+  key.size = size;
+  Block* b;
+  if (auto it = pool.lower_bound(&key); it != pool.end() && (*it)->stream == stream) {
+    b = *it;
+    pool.erase(it);
+  } else {
+    size_t seg = !large ? kSmallSegment
+               : size < kMinLargeAlloc ? kLargeSegment
+               : (size + kSegmentRound - 1) / kSegmentRound * kSegmentRound;
+    b = new Block;
+    b->ptr = map_segment(c, device, seg, size, lock);
+    b->device = device;
+    b->stream = stream;
+    b->size = seg;
+    b->large = large;
+    c.segments.insert(b);
+    increase(c, large, &DeviceStats::segment, 1);
+    increase(c, large, &DeviceStats::reserved_bytes, seg);
+    trace(c, "segment_alloc", b->ptr, seg, stream);
+  }
+  // Split off the remainder when it is worth keeping as a block of its own.
+  if (size_t rest = b->size - size; large ? rest > kSmallRequest : rest >= kMinBlock) {
+    Block* tail = new Block(*b);
+    tail->ptr = b->ptr + size;
+    tail->size = rest;
+    tail->prev = b;
+    if (b->next) b->next->prev = tail;
+    b->next = tail;
+    b->size = size;
+    pool.insert(tail);
+  }
+  b->allocated = true;
+  b->requested = requested;
+  increase(c, large, &DeviceStats::allocation, 1);
+  increase(c, large, &DeviceStats::allocated_bytes, b->size);
+  increase(c, large, &DeviceStats::active, 1);
+  increase(c, large, &DeviceStats::active_bytes, b->size);
+  increase(c, large, &DeviceStats::requested_bytes, requested);
+  trace(c, "alloc", b->ptr, b->size, stream);
+  return b;
+}
+
+void free_block(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  DeviceCache& c = cache(b->device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  b->allocated = false;
+  decrease(c, b->large, &DeviceStats::allocation, 1);
+  decrease(c, b->large, &DeviceStats::allocated_bytes, b->size);
+  decrease(c, b->large, &DeviceStats::requested_bytes, b->requested);
+  trace(c, "free_requested", b->ptr, b->size, b->stream);
+  if (b->used_on.empty()) return release_block(c, b);
+  // Used on other streams too: reusable once each of them reaches this point.
+  for (int s : b->used_on) {
+    auto e = std::make_unique<rt::Event>();
+    e->record(rt::device(b->device).stream(s));
+    c.deferred.emplace_back(std::move(e), b);
+    ++b->pending_events;
+  }
+  b->used_on.clear();
+}
+
+} // namespace
+
+c10::DataPtr NeuronCachingAllocator::allocate(size_t nbytes) {
+  c10::DeviceIndex device = current_device();
+  ensure_initialized();
+  if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(kNeuron, device));
+  int stream = static_cast<int>(current_stream(device).id());
+  Block* b = translate_errors([&] { return malloc_block(device, stream, nbytes); });
+  return c10::DataPtr(b->ptr, b, free_block, c10::Device(kNeuron, device));
+}
+
+// No raw deleter: a DataPtr's context is its block, not its address.
+c10::DeleterFnPtr NeuronCachingAllocator::raw_deleter() const { return nullptr; }
+
+void NeuronCachingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  // Storage-level copies (e.g. by serialization helpers) are ordered after
+  // the current stream's work.
+  translate_errors([&] { current_runtime_stream(current_device()).synchronize(); });
+  std::memcpy(dest, src, count);
+}
+
+void NeuronCachingAllocator::emptyCache(c10::MempoolId_t) {
+  for (int d = 0; d < device_count(); ++d) {
+    DeviceCache& c = cache(d);
+    std::unique_lock<std::mutex> lock(c.mu);
+    release_cached(d, lock);
+  }
+}
+
+void NeuronCachingAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  // Only whole allocations are tracked (a view's data pointer is not), as on CUDA.
+  if (ptr.get_deleter() != free_block) return;
+  auto* b = static_cast<Block*>(ptr.get_context());
+  DeviceCache& c = cache(b->device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  int s = static_cast<int>(stream.id());
+  if (s != b->stream && std::find(b->used_on.begin(), b->used_on.end(), s) == b->used_on.end())
+    b->used_on.push_back(s);
+}
+
+DeviceStats NeuronCachingAllocator::getDeviceStats(c10::DeviceIndex device) {
+  check_device_index(device);
+  DeviceCache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  DeviceStats stats = c.stats;
+  // Free blocks of partly used segments: derived on demand rather than tracked.
+  for (Block* head : c.segments) {
+    if (!head->next) continue;
+    for (Block* b = head; b; b = b->next)
+      if (!b->allocated && b->pending_events == 0) {
+        auto& n = stats.inactive_split[0], &nb = stats.inactive_split_bytes[0];
+        n.increase(1);
+        nb.increase(b->size);
+        (b->large ? stats.inactive_split[2] : stats.inactive_split[1]).increase(1);
+        (b->large ? stats.inactive_split_bytes[2] : stats.inactive_split_bytes[1]).increase(b->size);
+      }
+  }
+  return stats;
+}
+
+void NeuronCachingAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  check_device_index(device);
+  DeviceCache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto* arr : {&c.stats.allocation, &c.stats.segment, &c.stats.active, &c.stats.inactive_split,
+                    &c.stats.allocated_bytes, &c.stats.reserved_bytes, &c.stats.active_bytes,
+                    &c.stats.inactive_split_bytes, &c.stats.requested_bytes})
+    for (auto& s : *arr) s.reset_accumulated();
+  c.stats.num_alloc_retries = 0;
+  c.stats.num_ooms = 0;
+}
+
+void NeuronCachingAllocator::resetPeakStats(c10::DeviceIndex device) {
+  check_device_index(device);
+  DeviceCache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto* arr : {&c.stats.allocation, &c.stats.segment, &c.stats.active, &c.stats.inactive_split,
+                    &c.stats.allocated_bytes, &c.stats.reserved_bytes, &c.stats.active_bytes,
+                    &c.stats.inactive_split_bytes, &c.stats.requested_bytes})
+    for (auto& s : *arr) s.reset_peak();
+}
+
+std::pair<size_t, size_t> NeuronCachingAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  check_device_index(device);
+  auto& d = rt::device(device);
+  return {d.capacity() - d.mapped_bytes(), d.capacity()};
+}
+
+std::vector<SegmentSnapshot> NeuronCachingAllocator::snapshot() {
+  std::vector<SegmentSnapshot> out;
+  for (int d = 0; d < device_count(); ++d) {
+    DeviceCache& c = cache(d);
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (Block* head : c.segments) {
+      SegmentSnapshot s{d, reinterpret_cast<size_t>(head->ptr), 0, 0, 0, 0, head->stream, head->large, {}};
+      for (Block* b = head; b; b = b->next) {
+        bool active = b->allocated || b->pending_events > 0;
+        s.blocks.push_back({b->size, b->allocated ? b->requested : 0, b->allocated, active});
+        s.total_size += b->size;
+        if (b->allocated) s.allocated_size += b->size, s.requested_size += b->requested;
+        if (active) s.active_size += b->size;
+      }
+      out.push_back(std::move(s));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](auto& a, auto& b) { return a.address < b.address; });
+  return out;
+}
+
+std::vector<TraceSnapshot> NeuronCachingAllocator::trace(c10::DeviceIndex device) {
+  check_device_index(device);
+  DeviceCache& c = cache(device);
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.history;
+}
+
+void NeuronCachingAllocator::record_history(bool enabled) {
+  for (int d = 0; d < device_count(); ++d) {
+    DeviceCache& c = cache(d);
+    std::lock_guard<std::mutex> lock(c.mu);
+    c.record_history = enabled;
+    if (!enabled) c.history.clear();
+  }
+}
+
+NeuronCachingAllocator& device_allocator() {
+  static NeuronCachingAllocator* a = new NeuronCachingAllocator();
+  return *a;
+}
+
+namespace {
+struct RegisterAllocator {
+  RegisterAllocator() { c10::SetAllocator(kNeuron, &device_allocator()); }
+} register_allocator;
+} // namespace
+
+} // namespace torchneuron

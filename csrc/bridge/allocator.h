@@ -1,0 +1,60 @@
+// The caching device allocator for `neuron`, registered as PyTorch's
+// c10::DeviceAllocator for PrivateUse1.
+//
+// Design (that of CUDA's caching allocator, which users' expectations are
+// built on): segments are mapped from the runtime and carved into blocks;
+// freed blocks stay cached per stream. A free is stream-ordered: the block
+// returns to its stream's pool at once, and the next allocation on that stream
+// may reuse it, which is safe because that stream runs its work in order. A
+// tensor used on another stream must be recorded there (record_stream); its
+// block then waits for those streams' events before it is reused.
+//   small pool: requests <= 1 MiB, from 2 MiB segments
+//   large pool: bigger requests, from 20 MiB segments (or exact 2 MiB multiples)
+#pragma once
+
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <string>
+#include <vector>
+
+namespace torchneuron {
+
+struct BlockSnapshot {
+  size_t size, requested_size;
+  bool allocated, active;
+};
+struct SegmentSnapshot {
+  int device;
+  size_t address, total_size, allocated_size, active_size, requested_size;
+  int stream;
+  bool is_large;
+  std::vector<BlockSnapshot> blocks;
+};
+struct TraceSnapshot {  // allocator history for the memory visualizer
+  std::string action;
+  size_t address, size;
+  int stream;
+  int64_t time_us;
+};
+
+class NeuronCachingAllocator final : public c10::DeviceAllocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override;
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  std::vector<SegmentSnapshot> snapshot();
+  std::vector<TraceSnapshot> trace(c10::DeviceIndex device);
+  void record_history(bool enabled);
+};
+
+NeuronCachingAllocator& device_allocator();
+
+} // namespace torchneuron

@@ -1,0 +1,73 @@
+#include "op_tracking.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <unordered_set>
+#include <unordered_map>
+
+namespace torchneuron {
+namespace {
+
+std::string name_of(const c10::OperatorName& op) {
+  return op.overload_name.empty() ? op.name : op.name + "." + op.overload_name;
+}
+
+struct Tracker {
+  std::mutex mu;
+  std::unordered_map<c10::OperatorName, std::pair<int64_t, int64_t>> counts;  // executed, fallback
+  std::unordered_set<c10::OperatorName> warned;
+};
+
+Tracker& tracker() {
+  static Tracker* t = new Tracker();
+  return *t;
+}
+
+} // namespace
+
+void record_execution(const c10::OperatorName& op, Execution how) {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  auto& c = t.counts[op];
+  ++c.first;
+  if (how == Execution::Fallback) ++c.second;
+}
+
+bool first_fallback(const c10::OperatorName& op) {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.warned.insert(op).second;
+}
+
+bool strict_fallback() {
+  static const bool strict = [] {
+    const char* v = std::getenv("TORCHNEURON_STRICT_FALLBACK");
+    return v && std::string(v) == "1";
+  }();
+  return strict;
+}
+
+std::map<std::string, int64_t> executed_ops() {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  std::map<std::string, int64_t> out;
+  for (auto& [op, c] : t.counts) out[name_of(op)] += c.first;
+  return out;
+}
+
+std::map<std::string, int64_t> fallback_ops() {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  std::map<std::string, int64_t> out;
+  for (auto& [op, c] : t.counts)
+    if (c.second) out[name_of(op)] += c.second;
+  return out;
+}
+
+void clear_op_tracking() {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.counts.clear();
+}
+
+} // namespace torchneuron

@@ -1,0 +1,30 @@
+// Which operators ran on the device and how: torchneuron.get_executed_ops(),
+// get_fallback_ops(), clear_op_tracking().
+//
+// The fallback is the one way an operator can run without being queued: when
+// its output sizes cannot be known before it runs (no meta kernel), the host
+// waits for the stream and runs it on the device memory in place. It warns
+// once per operator and TORCHNEURON_STRICT_FALLBACK=1 makes it an error.
+// Operators whose outputs depend on data (nonzero, unique, .item(), ...) wait
+// for the stream as on every accelerator and are not counted as fallbacks.
+#pragma once
+
+#include <ATen/core/operator_name.h>
+
+#include <map>
+#include <string>
+
+namespace torchneuron {
+
+enum class Execution { Queued, Synchronizing, Fallback };
+
+void record_execution(const c10::OperatorName& op, Execution how);
+// True the first time a given operator falls back (to warn once).
+bool first_fallback(const c10::OperatorName& op);
+bool strict_fallback();
+
+std::map<std::string, int64_t> executed_ops();
+std::map<std::string, int64_t> fallback_ops();
+void clear_op_tracking();
+
+} // namespace torchneuron

@@ -1,0 +1,84 @@
+#include "aliases.h"
+
+#include <ATen/EmptyTensor.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/DeviceGuard.h>
+
+#include "../device_state.h"
+
+namespace torchneuron {
+namespace {
+
+at::Tensor alias_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKey key) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), t.dtype());
+  auto* impl = out.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  impl->_set_conj(t.is_conj());
+  impl->_set_neg(t.is_neg());
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) impl->set_wrapped_number(true);
+  return out;
+}
+
+} // namespace
+
+at::Tensor host_alias(const at::Tensor& t, bool resizable) {
+  if (!t.defined() || t.is_cpu()) return t;
+  const auto& s = t.storage();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), s.nbytes(),
+                       c10::DataPtr(const_cast<void*>(s.data()), c10::Device(c10::kCPU)),
+                       resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+  return alias_with(t, std::move(storage), c10::DispatchKey::CPU);
+}
+
+at::Tensor meta_alias(const at::Tensor& t) {
+  if (!t.defined()) return t;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
+                       c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta), true);
+  return alias_with(t, std::move(storage), c10::DispatchKey::Meta);
+}
+
+at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device) {
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  auto* allocator = c10::GetAllocator(kNeuron);
+  const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
+  if (like.storage_offset() == 0 && !like.is_conj() && !like.is_neg())
+    return at::detail::empty_strided_generic(like.sizes(), like.strides(), allocator, keys, like.scalar_type());
+  // Rare: a result offset into its storage, or with a conj/neg bit. Keep it all.
+  size_t nbytes = like.storage().nbytes();
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocator->allocate(nbytes), allocator, true);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), keys, like.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  out.unsafeGetTensorImpl()->_set_conj(like.is_conj());
+  out.unsafeGetTensorImpl()->_set_neg(like.is_neg());
+  return out;
+}
+
+c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (v.isTensor()) return fn(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(fn(t));
+    return out;
+  }
+  if (v.isList()) {  // Tensor?[]
+    auto list = v.toList();
+    if (list.empty() || !(list.get(0).isTensor() || list.get(0).isNone())) return v;
+    c10::List<std::optional<at::Tensor>> out;
+    for (const c10::IValue& e : list) out.push_back(e.isTensor() ? std::optional<at::Tensor>(fn(e.toTensor())) : std::nullopt);
+    return out;
+  }
+  return v;
+}
+
+void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& fn) {
+  if (v.isTensor()) {
+    fn(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) fn(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList())
+      if (e.isTensor()) fn(e.toTensor());
+  }
+}
+
+} // namespace torchneuron

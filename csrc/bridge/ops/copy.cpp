@@ -1,0 +1,76 @@
+// Copies between host and device, and reading a value. These are where eager
+// code meets the device's asynchrony, with CUDA's semantics:
+//   host -> device   returns at once; a pageable source is staged first so the
+//                    caller may reuse it; a pinned source with non_blocking=True
+//                    is read by the device later (the caller must not touch it)
+//   device -> host   waits for the stream, unless non_blocking=True into pinned
+//                    memory, which is filled later (synchronize before reading)
+//   device -> device a device task, ordered across devices by an event
+#include <ATen/ATen.h>
+
+#include "../device_state.h"
+#include "../host_allocator.h"
+#include "aliases.h"
+#include "kernels.h"
+
+namespace torchneuron::ops {
+namespace {
+
+void enqueue_copy(rt::Stream& stream, at::Tensor dst, at::Tensor src) {
+  translate_errors([&] {
+    stream.enqueue("aten::copy_", [dst = std::move(dst), src = std::move(src)]() mutable {
+      auto guard = below_autograd();
+      dst.copy_(src);
+    });
+  });
+}
+
+} // namespace
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (dst.numel() == 0) return dst;
+  const bool src_dev = self.device().type() == kNeuron, dst_dev = dst.device().type() == kNeuron;
+  TORCH_CHECK((src_dev || self.is_cpu()) && (dst_dev || dst.is_cpu()),
+              "copy between ", self.device(), " and ", dst.device(), " is not supported by neuron");
+  if (src_dev && dst_dev) {
+    rt::Stream& stream = current_runtime_stream(dst.device().index());
+    if (self.device() != dst.device()) {
+      rt::Event ready;
+      translate_errors([&] {
+        ready.record(current_runtime_stream(self.device().index()));
+        ready.block(stream);
+      });
+    }
+    enqueue_copy(stream, host_alias(dst), host_alias(self));
+  } else if (dst_dev) {
+    rt::Stream& stream = current_runtime_stream(dst.device().index());
+    if (non_blocking && is_pinned(self.storage().data())) {
+      enqueue_copy(stream, host_alias(dst), self);
+    } else if (stream.query()) {
+      host_alias(dst).copy_(self);  // the device is idle: copy now
+    } else {
+      enqueue_copy(stream, host_alias(dst), self.clone(at::MemoryFormat::Preserve));
+    }
+  } else {
+    rt::Stream& stream = current_runtime_stream(self.device().index());
+    if (non_blocking && is_pinned(dst.storage().data())) {
+      enqueue_copy(stream, dst, host_alias(self));
+    } else {
+      translate_errors([&] { stream.synchronize(); });
+      const_cast<at::Tensor&>(dst).copy_(host_alias(self));
+    }
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  translate_errors([&] { current_runtime_stream(self.device().index()).synchronize(); });
+  return at::_local_scalar_dense(host_alias(self));
+}
+
+} // namespace torchneuron::ops

@@ -1,0 +1,358 @@
+// The generic device executor: how every ATen operator without an explicit
+// kernel runs on `neuron`.
+//
+//   view ops      metadata only: the CPU view kernel runs on a host alias and
+//                 its result is re-expressed over the device storage
+//   other ops     the host computes output metadata with the op's meta kernel
+//                 (meta aliases of the arguments), allocates outputs from the
+//                 caching allocator, queues a task on the current stream and
+//                 returns. The task runs ATen's CPU kernel on host aliases of
+//                 device memory: no copies.
+//   synchronizing ops whose outputs depend on data, or that return values
+//                 (nonzero, unique, equal, ...): the host waits for the stream
+//                 and runs the kernel in place
+//   fallback      an op without a meta kernel runs the same synchronous way;
+//                 it is counted and warned about (op_tracking.h)
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/flat_hash_map.h>
+
+#include <mutex>
+#include <unordered_set>
+
+#include "../device_state.h"
+#include "../generator.h"
+#include "../op_tracking.h"
+#include "storage_resize.h"
+#include "aliases.h"
+#include "kernels.h"
+
+namespace torchneuron::ops {
+namespace {
+
+// Operators whose outputs depend on the values of their inputs; they wait for
+// the stream on every accelerator.
+const std::unordered_set<std::string> kDataDependent = {
+    "aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select", "aten::unique_dim",
+    "aten::_unique", "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim_consecutive",
+    "aten::repeat_interleave", "aten::bincount", "aten::_local_scalar_dense", "aten::equal", "aten::is_nonzero",
+    "aten::_assert_async", "aten::segment_reduce", "aten::histogram", "aten::histogramdd",
+    "aten::_histogramdd_bin_edges", "aten::_histogramdd_from_bin_cts", "aten::_histogramdd_from_bin_tensors"};
+
+// Operators that take index tensors on the host (as CUDA allows).
+const std::unordered_set<std::string> kHostIndices = {
+    "aten::index", "aten::index_put_", "aten::_index_put_impl_", "aten::index_put", "aten::_unsafe_index",
+    "aten::_unsafe_index_put", "aten::_pack_padded_sequence", "aten::_pad_packed_sequence"};
+
+bool is_tensor_type(const c10::TypePtr& t) {
+  if (t->kind() == c10::TypeKind::TensorType) return true;
+  if (auto o = t->cast<c10::OptionalType>()) return is_tensor_type(o->getElementType());
+  if (auto l = t->cast<c10::ListType>()) return is_tensor_type(l->getElementType());
+  return false;
+}
+
+const c10::AliasInfo* alias_of(const c10::Argument& a) {
+  const c10::AliasInfo* info = a.alias_info();
+  if (info && info->beforeSets().empty() && !info->containedTypes().empty()) return &info->containedTypes()[0];
+  return info;
+}
+
+struct OpTraits {
+  std::vector<size_t> written;   // arguments the op writes (Tensor(a!))
+  std::vector<int> source;       // per return: the argument it aliases, or -1
+  bool is_view = false;          // returns alias inputs without writes
+  bool tensor_returns = true;    // every return is a tensor (or list of them)
+  bool data_dependent = false;
+  bool host_indices = false;
+  std::vector<size_t> generators;
+  std::atomic<bool> no_meta{false};
+};
+
+OpTraits& traits_for(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OpTraits>> cache;
+  const auto& schema = op.schema();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[&schema];
+  if (slot) return *slot;
+  slot = std::make_unique<OpTraits>();
+  OpTraits& t = *slot;
+  const auto& args = schema.arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto* a = alias_of(args[i]);
+    if (a && a->isWrite()) t.written.push_back(i);
+    auto kind = args[i].type()->kind();
+    if (kind == c10::TypeKind::GeneratorType ||
+        (kind == c10::TypeKind::OptionalType &&
+         args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))
+      t.generators.push_back(i);
+  }
+  for (const auto& r : schema.returns()) {
+    t.tensor_returns &= is_tensor_type(r.type());
+    int src = -1;
+    if (auto* ra = alias_of(r)) {
+      for (size_t i = 0; i < args.size() && src < 0; ++i)
+        if (auto* aa = alias_of(args[i]); aa && aa->beforeSets() == ra->beforeSets()) src = static_cast<int>(i);
+      if (!ra->isWrite()) t.is_view = true;
+    }
+    t.source.push_back(src);
+  }
+  const std::string& name = schema.name();
+  t.data_dependent = kDataDependent.count(name) > 0;
+  t.host_indices = kHostIndices.count(name) > 0;
+  return t;
+}
+
+bool is_generator_arg(const OpTraits& t, size_t i) {
+  return std::find(t.generators.begin(), t.generators.end(), i) != t.generators.end();
+}
+
+// The one device every neuron tensor of the call is on (or a neuron Device
+// argument's, for factories); raises PyTorch's usual error for mixed devices.
+c10::DeviceIndex device_of_call(c10::ArrayRef<c10::IValue> args, const OpTraits& traits) {
+  c10::DeviceIndex device = -1;
+  std::optional<c10::Device> other;
+  for (const auto& a : args) {
+    for_each_tensor(a, [&](const at::Tensor& t) {
+      if (!t.defined()) return;
+      if (t.device().type() == kNeuron) {
+        if (device < 0) device = t.device().index();
+        else if (t.device().index() != device) other = t.device();
+      } else if (!(t.is_cpu() && (t.dim() == 0 || traits.host_indices))) {
+        other = t.device();
+      }
+    });
+    if (a.isDevice() && a.toDevice().type() == kNeuron && device < 0 && a.toDevice().has_index())
+      device = a.toDevice().index();
+  }
+  if (device < 0) device = current_device();
+  TORCH_CHECK(!other, "Expected all tensors to be on the same device, but found at least two devices, neuron:",
+              int(device), " and ", *other, "!");
+  return device;
+}
+
+c10::IValue to_device_arg(const c10::IValue& a, c10::DeviceType type) {
+  if (a.isDevice() && a.toDevice().type() == kNeuron) return c10::Device(type);
+  return a;
+}
+
+// A view op's result re-expressed over the device tensor's storage.
+at::Tensor device_view(const at::Tensor& base, const at::Tensor& host_result) {
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::TensorImpl::VIEW, c10::Storage(base.storage()),
+                                                      base.key_set(), host_result.dtype());
+  auto* impl = out.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(host_result.sizes(), host_result.strides(), host_result.storage_offset());
+  impl->_set_conj(host_result.is_conj());
+  impl->_set_neg(host_result.is_neg());
+  return out;
+}
+
+// Makes device tensor `d` take the metadata `m` computed for it (an out=
+// argument resized by the op, or an in-place metadata change).
+void adopt_metadata(const at::Tensor& d, const at::Tensor& m) {
+  if (d.sizes() == m.sizes() && d.strides() == m.strides() && d.storage_offset() == m.storage_offset()) return;
+  size_t needed = at::detail::computeStorageNbytes(m.sizes(), m.strides(), d.itemsize(), m.storage_offset());
+  if (needed > d.storage().nbytes()) resize_storage_bytes(d.storage(), needed);
+  d.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
+}
+
+void copy_results(const c10::IValue& from, const c10::IValue& into) {
+  if (into.isTensor()) {
+    const at::Tensor& dst = into.toTensor();
+    if (dst.defined() && dst.numel() > 0) const_cast<at::Tensor&>(dst).copy_(from.toTensor());
+  } else if (into.isTensorList()) {
+    auto src = from.toTensorList();
+    auto dst = into.toTensorList();
+    for (size_t i = 0; i < dst.size(); ++i)
+      if (dst.get(i).numel() > 0) dst.get(i).copy_(src.get(i));
+  }
+}
+
+void run_view(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  std::vector<c10::IValue> originals(stack->end() - n, stack->end());
+  for (auto it = stack->end() - n; it != stack->end(); ++it)
+    *it = map_tensors(*it, [](const at::Tensor& t) { return host_alias(t); });
+  {
+    auto guard = below_autograd();
+    op.callBoxed(stack);
+  }
+  const size_t r = op.schema().returns().size();
+  for (size_t i = 0; i < r; ++i) {
+    auto& ret = (*stack)[stack->size() - r + i];
+    int src = traits.source[i];
+    TORCH_INTERNAL_ASSERT(src >= 0 && originals[src].isTensor(), "neuron: unsupported view op ", op.schema());
+    const at::Tensor& base = originals[src].toTensor();
+    ret = map_tensors(ret, [&](const at::Tensor& t) { return device_view(base, t); });
+  }
+}
+
+// Host-side form of an argument for a device task: device tensors become
+// aliases; host tensors (scalars, indices) are snapshotted now, as a copy to
+// the device at launch would; generators become this op's claimed engine.
+c10::IValue task_arg(const c10::IValue& a, size_t i, const OpTraits& traits, c10::DeviceIndex device,
+                     bool snapshot_host, bool resizable) {
+  if (is_generator_arg(traits, i))
+    return claim_engine(a.isNone() ? std::nullopt : std::optional<at::Generator>(a.toGenerator()), device);
+  if (a.isDevice()) return to_device_arg(a, c10::kCPU);
+  return map_tensors(a, [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (t.device().type() == kNeuron) return host_alias(t, resizable);
+    if (!snapshot_host) return t;
+    auto copy = t.clone();
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+    return copy;
+  });
+}
+
+// Computes outputs on Meta; returns false if the op has no usable meta kernel.
+bool run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::ArrayRef<c10::IValue> args,
+              torch::jit::Stack& meta, std::vector<at::Tensor>& meta_written) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (is_generator_arg(traits, i)) {
+      meta.emplace_back();
+      continue;
+    }
+    // CPU scalars stay on the CPU, as kernels (and Python meta functions)
+    // expect them next to device tensors.
+    meta.push_back(map_tensors(to_device_arg(args[i], c10::kMeta), [](const at::Tensor& t) {
+      return t.defined() && t.is_cpu() && t.dim() == 0 ? t : meta_alias(t);
+    }));
+  }
+  for (size_t i : traits.written)
+    meta_written.push_back(meta[i].isTensor() ? meta[i].toTensor() : at::Tensor());
+  try {
+    auto guard = below_autograd();
+    op.callBoxed(&meta);
+    return true;
+  } catch (const c10::NotImplementedError& e) {
+    // Only a missing Meta kernel is a property of the op; other refusals may
+    // depend on the inputs.
+    if (std::string(e.what()).find("'Meta' backend") != std::string::npos) traits.no_meta = true;
+  } catch (const std::exception& e) {
+    if (std::getenv("TORCHNEURON_DEBUG_META"))
+      std::fprintf(stderr, "[torchneuron] meta pass of %s failed: %s\n", op.schema().name().c_str(), e.what());
+    // A meta kernel that cannot decide (data-dependent) or rejects what the
+    // CPU kernel accepts: let the synchronous path run it, or raise the CPU
+    // kernel's own error.
+  }
+  return false;
+}
+
+void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
+                c10::DeviceIndex device, torch::jit::Stack& meta, const std::vector<at::Tensor>& meta_written) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size(), r = schema.returns().size();
+  auto args = torch::jit::last(*stack, n);
+  for (size_t k = 0; k < traits.written.size(); ++k)
+    if (meta_written[k].defined()) adopt_metadata(args[traits.written[k]].toTensor(), meta_written[k]);
+
+  std::vector<c10::IValue> results(r), outputs;
+  for (size_t i = 0; i < r; ++i) {
+    if (traits.source[i] >= 0) {
+      results[i] = args[traits.source[i]];
+    } else {
+      results[i] = map_tensors(meta[i], [&](const at::Tensor& m) { return m.defined() ? empty_like_on(m, device) : m; });
+      outputs.push_back(map_tensors(results[i], [](const at::Tensor& t) { return host_alias(t); }));
+    }
+  }
+  std::vector<c10::IValue> task_args;
+  task_args.reserve(n);
+  for (size_t i = 0; i < n; ++i) task_args.push_back(task_arg(args[i], i, traits, device, true, false));
+
+  translate_errors([&] {
+    current_runtime_stream(device).enqueue(
+        schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name()),
+        [&op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
+          auto guard = below_autograd();
+          torch::jit::Stack s(std::move(task_args));
+          op.callBoxed(&s);
+          size_t k = 0, r = s.size();
+          for (size_t i = 0; i < r; ++i)
+            if (traits.source[i] < 0) copy_results(s[i], outputs[k++]);
+        });
+  });
+  torch::jit::drop(*stack, n);
+  for (auto& v : results) stack->push_back(std::move(v));
+}
+
+void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
+                       c10::DeviceIndex device) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size(), r = schema.returns().size();
+  translate_errors([&] { current_runtime_stream(device).synchronize(); });
+  std::vector<c10::IValue> originals(stack->end() - n, stack->end());
+  for (size_t i = 0; i < n; ++i) {
+    bool written = std::find(traits.written.begin(), traits.written.end(), i) != traits.written.end();
+    (*stack)[stack->size() - n + i] = task_arg(originals[i], i, traits, device, false, written);
+  }
+  std::vector<c10::IValue> aliases(stack->end() - n, stack->end());
+  {
+    auto guard = below_autograd();
+    op.callBoxed(stack);
+  }
+  // Written arguments the kernel resized into fresh host memory come back.
+  for (size_t i : traits.written) {
+    if (!originals[i].isTensor()) continue;
+    const at::Tensor& d = originals[i].toTensor();
+    const at::Tensor& a = aliases[i].toTensor();
+    if (a.storage().data() != d.storage().data()) {
+      adopt_metadata(d, a);
+      translate_errors([&] { current_runtime_stream(device).synchronize(); });
+      host_alias(d).copy_(a);
+    } else {
+      adopt_metadata(d, a);
+    }
+  }
+  for (size_t i = 0; i < r; ++i) {
+    auto& ret = (*stack)[stack->size() - r + i];
+    if (traits.source[i] >= 0) {
+      ret = originals[traits.source[i]];
+      continue;
+    }
+    ret = map_tensors(ret, [&](const at::Tensor& t) {
+      if (!t.defined() || !t.is_cpu()) return t;
+      at::Tensor d = empty_like_on(t, device);
+      host_alias(d).copy_(t);
+      return d;
+    });
+  }
+}
+
+} // namespace
+
+void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  OpTraits& traits = traits_for(op);
+  const auto& schema = op.schema();
+  auto args = torch::jit::last(*stack, schema.arguments().size());
+  const c10::DeviceIndex device = device_of_call(args, traits);
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+
+  if (traits.is_view) {
+    record_execution(schema.operator_name(), Execution::Queued);
+    return run_view(op, traits, stack);
+  }
+  if (traits.tensor_returns && !traits.data_dependent && !traits.no_meta) {
+    torch::jit::Stack meta;
+    std::vector<at::Tensor> meta_written;
+    if (run_meta(op, traits, args, meta, meta_written)) {
+      record_execution(schema.operator_name(), Execution::Queued);
+      return run_queued(op, traits, stack, device, meta, meta_written);
+    }
+  }
+  const bool expected_sync = traits.data_dependent || !traits.tensor_returns;
+  if (!expected_sync) {
+    TORCH_CHECK_NOT_IMPLEMENTED(!strict_fallback(), "neuron: ", schema.operator_name(),
+                                " cannot be queued (its output sizes are unknown before it runs) and "
+                                "TORCHNEURON_STRICT_FALLBACK=1 forbids the synchronous fallback");
+  }
+  run_synchronously(op, traits, stack, device);
+  if (!expected_sync && first_fallback(schema.operator_name()))
+    TORCH_WARN("neuron: ", schema.operator_name(), " cannot be queued (its output sizes are unknown before ",
+               "it runs), so it ran synchronously: the host waited for the device. It still ran on device ",
+               "memory. See torchneuron.get_fallback_ops().");
+  record_execution(schema.operator_name(), expected_sync ? Execution::Synchronizing : Execution::Fallback);
+}
+
+} // namespace torchneuron::ops

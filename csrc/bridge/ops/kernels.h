@@ -1,0 +1,42 @@
+// The explicit `neuron` kernels. Everything else reaches device_fallback.cpp,
+// the generic asynchronous executor. Registration lives in register.cpp.
+#pragma once
+
+#include <ATen/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace torchneuron::ops {
+
+// storage.cpp: allocation, metadata, storage resizing
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
+                               std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                               std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format);
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
+                         std::optional<c10::Layout> layout, std::optional<c10::Device> device,
+                         std::optional<bool> pin_memory);
+at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size);
+at::Tensor as_strided(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride,
+                      std::optional<c10::SymInt> storage_offset);
+at::Tensor reshape_alias(const at::Tensor& self, c10::SymIntArrayRef size, c10::SymIntArrayRef stride);
+const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef size,
+                          std::optional<c10::MemoryFormat> memory_format);
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride);
+at::Tensor& set_storage_whole(at::Tensor& self, c10::Storage source);
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source);
+at::Tensor& set_empty(at::Tensor& self);
+void record_stream(at::Tensor& self, c10::Stream stream);
+
+// copy.cpp: copies between host and device, reading values
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
+at::Scalar local_scalar_dense(const at::Tensor& self);
+
+// random.cpp: random operators whose CPU kernels would use the CPU generator
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train);
+
+// device_fallback.cpp: every other operator
+void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+} // namespace torchneuron::ops

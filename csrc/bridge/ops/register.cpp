@@ -1,0 +1,31 @@
+// Registration glue for `neuron` operators: explicit kernels (kernels.h) and
+// the boxed fallback that runs every other ATen operator on the device.
+#include <torch/library.h>
+
+#include "kernels.h"
+
+namespace torchneuron::ops {
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("view", view);
+  m.impl("as_strided", as_strided);
+  m.impl("_reshape_alias", reshape_alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage_storage_offset", set_storage);
+  m.impl("set_.source_Storage", set_storage_whole);
+  m.impl("set_.source_Tensor", set_tensor);
+  m.impl("set_", set_empty);
+  m.impl("record_stream", record_stream);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("native_dropout", native_dropout);
+}
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
+}
+
+} // namespace torchneuron::ops

@@ -1,0 +1,101 @@
+// torchneuron._C: the few entry points the Python layer needs beyond what
+// PyTorch already routes through the guard, hooks and allocator.
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+#include <pybind11/stl.h>
+
+#include "allocator.h"
+#include "device_state.h"
+#include "generator.h"
+#include "op_tracking.h"
+
+namespace py = pybind11;
+using namespace torchneuron;
+
+namespace {
+
+py::dict memory_snapshot() {
+  py::list segments;
+  for (const auto& s : device_allocator().snapshot()) {
+    py::list blocks;
+    size_t addr = s.address;
+    for (const auto& b : s.blocks) {
+      py::dict block;
+      block["address"] = addr;
+      block["size"] = b.size;
+      block["requested_size"] = b.requested_size;
+      block["state"] = b.allocated ? "active_allocated" : b.active ? "active_pending_free" : "inactive";
+      block["frames"] = py::list();
+      blocks.append(block);
+      addr += b.size;
+    }
+    py::dict seg;
+    seg["device"] = s.device;
+    seg["address"] = s.address;
+    seg["total_size"] = s.total_size;
+    seg["allocated_size"] = s.allocated_size;
+    seg["active_size"] = s.active_size;
+    seg["requested_size"] = s.requested_size;
+    seg["stream"] = s.stream;
+    seg["segment_type"] = s.is_large ? "large" : "small";
+    seg["segment_pool_id"] = py::make_tuple(0, 0);
+    seg["is_expandable"] = false;
+    seg["frames"] = py::list();
+    seg["blocks"] = blocks;
+    segments.append(seg);
+  }
+  py::list traces;
+  for (int d = 0; d < device_count(); ++d) {
+    py::list dev;
+    for (const auto& t : device_allocator().trace(d)) {
+      py::dict e;
+      e["action"] = t.action;
+      e["addr"] = t.address;
+      e["size"] = t.size;
+      e["stream"] = t.stream;
+      e["time_us"] = t.time_us;
+      e["frames"] = py::list();
+      dev.append(e);
+    }
+    traces.append(dev);
+  }
+  py::dict out;
+  out["segments"] = segments;
+  out["device_traces"] = traces;
+  return out;
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchneuron native bridge";
+  m.def("_init", [] { ensure_initialized(); });
+  m.def("device_count", [] { return int(device_count()); });
+  m.def("_config_error", []() -> std::string {
+    try {
+      rt::init();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  });
+  m.def("_device_properties", [](int index) {
+    check_device_index(index);
+    const auto& p = rt::device(index).properties();
+    return py::make_tuple(p.name, p.total_memory, p.core_id);
+  });
+  m.def("_launch_blocking", [] { return rt::config().launch_blocking; });
+  m.def("_synchronize", [](int index) {
+    py::gil_scoped_release no_gil;
+    check_device_index(index);
+    translate_errors([&] { rt::device(index).synchronize(); });
+  });
+  m.def("_default_generator", [](int index) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(index)));
+  });
+  m.def("_memory_snapshot", &memory_snapshot);
+  m.def("_record_memory_history", [](bool enabled) { device_allocator().record_history(enabled); });
+  m.def("get_executed_ops", &executed_ops);
+  m.def("get_fallback_ops", &fallback_ops);
+  m.def("clear_op_tracking", &clear_op_tracking);
+}

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Incremental build of the extension in place (ninja + ccache).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="/usr/lib/ccache:$PATH" MAX_JOBS="${MAX_JOBS:-2}"
+.venv/bin/python setup.py -q build_ext --inplace 2>&1 | grep -E "error|Error|warning: unused" || true
+test -f torchneuron/_C.cpython-*.so

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything a fresh machine needs: .venv at the repo root, PyTorch 2.13.0 (CPU)
+# and the other requirements, ccache, the extension (built once, incrementally
+# afterwards) and the package's registration with PyTorch's autoload.
+# Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v ccache >/dev/null || ! command -v ninja >/dev/null || ! command -v cmake >/dev/null; then
+  echo "[setup] installing ccache, ninja and cmake (apt)"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq >/dev/null && $SUDO apt-get install -y -qq ccache ninja-build cmake >/dev/null
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  echo "[setup] creating .venv"
+  python3 -m venv .venv
+fi
+stamp=.venv/.requirements.sha
+want=$(sha256sum requirements.txt | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing requirements (torch 2.13.0 CPU, ...)"
+  .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+  echo "$want" > "$stamp"
+fi
+
+echo "[setup] building the extension"
+scripts/build.sh
+
+if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'torchneuron' for e in m.entry_points(group='torch.backends')) else 1)"; then
+  echo "[setup] registering torchneuron with pip (editable, autoload entry point)"
+  TORCHNEURON_METADATA_ONLY=1 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+fi

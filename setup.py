@@ -1,0 +1,36 @@
+# Builds torchneuron._C: the torch-free runtime (csrc/runtime) and the PyTorch
+# bridge (csrc/bridge) in one extension, with ninja. Install with
+#   pip install --no-build-isolation -e .
+# (no build isolation: the extension compiles against the installed torch).
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+sources = sorted(
+    glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/bridge/*.cpp") + glob.glob("csrc/bridge/ops/*.cpp")
+)
+
+setup(
+    name="torchneuron",
+    version="0.1.0",
+    description="An emulated AWS NeuronCore as a native PyTorch device: neuron",
+    packages=find_packages(include=["torchneuron", "torchneuron.*"]),
+    package_data={"torchneuron": ["py.typed"]},
+    # scripts/setup_env.sh builds the extension in place (incremental ninja
+    # build) and then registers the package with TORCHNEURON_METADATA_ONLY=1,
+    # so pip does not compile it a second time.
+    ext_modules=[] if os.environ.get("TORCHNEURON_METADATA_ONLY") else [
+        CppExtension(
+            "torchneuron._C",
+            sources,
+            include_dirs=[os.path.join(ROOT, "csrc")],
+            extra_compile_args={"cxx": ["-O2", "-Wno-unused-parameter"]},
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    entry_points={"torch.backends": ["torchneuron = torchneuron:_autoload"]},
+    python_requires=">=3.10",
+)

@@ -1,0 +1,20 @@
+"""torchneuron: an emulated AWS NeuronCore as the native PyTorch device ``neuron``.
+
+``import torch`` is enough: PyTorch's backend autoload calls :func:`_autoload`
+(entry point group ``torch.backends``). Importing this package registers the
+device explicitly, for ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` setups.
+"""
+import torch
+
+from . import _C  # the C++ bridge: registers guard, hooks, allocator, kernels
+from ._registration import register as _register
+
+_register()
+
+from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops  # noqa: E402
+
+__all__ = ["get_executed_ops", "get_fallback_ops", "clear_op_tracking"]
+
+
+def _autoload():
+    """Entry point of PyTorch's device-backend autoload; importing does the work."""

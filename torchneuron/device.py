@@ -1,0 +1,263 @@
+"""``torch.neuron``: the device module, mirroring ``torch.cuda``.
+
+Device, stream and event semantics live in C++ (csrc/bridge/device_guard.cpp);
+memory in the caching allocator (csrc/bridge/allocator.cpp); this module is the
+Python face of both, mostly through ``torch.accelerator``.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _C
+
+_initialized = False
+
+
+# ---------------------------------------------------------------- device
+def is_available() -> bool:
+    return _C.device_count() > 0
+
+
+def device_count() -> int:
+    return _C.device_count()
+
+
+def _lazy_init() -> None:
+    """Initialises the runtime; raises for a bad configuration or a bad fork."""
+    global _initialized
+    if _initialized:
+        return
+    _C._init()
+    _initialized = True
+
+
+init = _lazy_init
+
+
+def is_initialized() -> bool:
+    return _initialized
+
+
+def _is_in_bad_fork() -> bool:
+    return "forked subprocess" in _C._config_error()
+
+
+def _index(device: Any = None, optional: bool = True) -> int:
+    if device is None:
+        return current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "neuron":
+        raise ValueError(f"expected a neuron device, got {device}")
+    return current_device() if device.index is None else device.index
+
+
+def current_device() -> int:
+    return torch.accelerator.current_device_index() if is_available() else 0
+
+
+def set_device(device: Any) -> None:
+    _lazy_init()
+    torch.accelerator.set_device_index(_index(device))
+
+
+class device:
+    """Context manager that changes the current device."""
+
+    def __init__(self, device: Any):
+        self.idx = -1 if device is None else _index(device)
+        self.prev = -1
+
+    def __enter__(self):
+        if self.idx >= 0:
+            self.prev = current_device()
+            set_device(self.idx)
+
+    def __exit__(self, *exc):
+        if self.idx >= 0:
+            set_device(self.prev)
+        return False
+
+
+@dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    total_memory: int
+    core_id: int
+    type: str = "neuron"
+
+
+def get_device_properties(device: Any = None) -> _DeviceProperties:
+    _lazy_init()
+    name, total, core = _C._device_properties(_index(device))
+    return _DeviceProperties(name=name, total_memory=total, core_id=core)
+
+
+def get_device_name(device: Any = None) -> str:
+    return get_device_properties(device).name
+
+
+def synchronize(device: Any = None) -> None:
+    _lazy_init()
+    _C._synchronize(_index(device))
+
+
+# ---------------------------------------------------------------- streams and events
+class Stream(torch.Stream):
+    """An in-order queue of device work (a ``torch.Stream`` on ``neuron``)."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+        _lazy_init()
+        if kwargs:  # rebuilding from (stream_id, device_index, device_type)
+            return super().__new__(cls, **kwargs)
+        with torch.neuron.device(device):
+            return super().__new__(cls, device=torch.device("neuron", current_device()), priority=priority)
+
+
+class Event(torch.Event):
+    """A marker in a stream (a ``torch.Event`` on ``neuron``)."""
+
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
+        return super().__new__(
+            cls, device=torch.device("neuron", current_device()), enable_timing=enable_timing, blocking=blocking,
+            interprocess=interprocess,
+        )
+
+
+def current_stream(device: Any = None) -> torch.Stream:
+    _lazy_init()
+    return torch.accelerator.current_stream(_index(device))
+
+
+def default_stream(device: Any = None) -> torch.Stream:
+    _lazy_init()
+    s = torch.accelerator.current_stream(_index(device))
+    return torch.Stream(stream_id=0, device_index=s.device_index, device_type=s.device_type)
+
+
+def set_stream(stream: torch.Stream) -> None:
+    if stream is not None:
+        torch.accelerator.set_stream(stream)
+
+
+@contextlib.contextmanager
+def stream(stream: torch.Stream | None):
+    """Runs the block with ``stream`` current (on its device)."""
+    if stream is None:
+        yield
+        return
+    prev_device = current_device()
+    prev_stream = current_stream(stream.device_index)
+    set_stream(stream)
+    try:
+        yield
+    finally:
+        set_stream(prev_stream)
+        set_device(prev_device)
+
+
+# ---------------------------------------------------------------- memory
+def memory_stats(device: Any = None) -> dict:
+    return torch.accelerator.memory_stats(_index(device))
+
+
+def memory_allocated(device: Any = None) -> int:
+    return torch.accelerator.memory_allocated(_index(device))
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    return torch.accelerator.max_memory_allocated(_index(device))
+
+
+def memory_reserved(device: Any = None) -> int:
+    return torch.accelerator.memory_reserved(_index(device))
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return torch.accelerator.max_memory_reserved(_index(device))
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    torch.accelerator.reset_peak_memory_stats(_index(device))
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    torch.accelerator.reset_accumulated_memory_stats(_index(device))
+
+
+def empty_cache() -> None:
+    if _initialized:
+        torch.accelerator.empty_cache()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    return torch.accelerator.get_memory_info(_index(device))
+
+
+from .memory import _record_memory_history, _dump_snapshot, _snapshot, memory_snapshot, memory_summary  # noqa: E402
+
+
+# ---------------------------------------------------------------- random numbers
+def default_generator(device: Any = None) -> torch.Generator:
+    _lazy_init()
+    return _C._default_generator(_index(device))
+
+
+def manual_seed(seed: int) -> None:
+    if is_available():
+        default_generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    for i in range(device_count()):
+        default_generator(i).manual_seed(int(seed))
+
+
+def seed() -> None:
+    if is_available():
+        default_generator().seed()
+
+
+def seed_all() -> None:
+    for i in range(device_count()):
+        default_generator(i).seed()
+
+
+def initial_seed() -> int:
+    return default_generator().initial_seed()
+
+
+def get_rng_state(device: Any = "neuron") -> torch.Tensor:
+    return default_generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
+    default_generator(device).set_state(new_state)
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(states) -> None:
+    for i, s in enumerate(states):
+        set_rng_state(s, i)
+
+
+# ---------------------------------------------------------------- mixed precision
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float32, torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    return True
+
+
+def _is_launch_blocking() -> bool:
+    return os.environ.get("NEURON_LAUNCH_BLOCKING") == "1"
