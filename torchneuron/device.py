@@ -109,25 +109,25 @@ def synchronize(device: Any = None) -> None:
 
 
 # ---------------------------------------------------------------- streams and events
-class Stream(torch.Stream):
-    """An in-order queue of device work (a ``torch.Stream`` on ``neuron``)."""
+# torch.Stream and torch.Event check argument types exactly (elapsed_time,
+# wait_event, ...), so these construct plain torch.Stream / torch.Event objects
+# on the current neuron device rather than subclasses.
+class Stream:
+    """An in-order queue of device work: returns a ``torch.Stream`` on ``neuron``."""
 
-    def __new__(cls, device: Any = None, priority: int = 0, **kwargs):
+    def __new__(cls, device: Any = None, priority: int = 0) -> torch.Stream:
         _lazy_init()
-        if kwargs:  # rebuilding from (stream_id, device_index, device_type)
-            return super().__new__(cls, **kwargs)
-        with torch.neuron.device(device):
-            return super().__new__(cls, device=torch.device("neuron", current_device()), priority=priority)
+        index = _index(device)
+        return torch.Stream(device=torch.device("neuron", index), priority=priority)
 
 
-class Event(torch.Event):
-    """A marker in a stream (a ``torch.Event`` on ``neuron``)."""
+class Event:
+    """A marker in a stream: returns a ``torch.Event`` on ``neuron``."""
 
-    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False):
-        return super().__new__(
-            cls, device=torch.device("neuron", current_device()), enable_timing=enable_timing, blocking=blocking,
-            interprocess=interprocess,
-        )
+    def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:
+        _lazy_init()
+        return torch.Event(device=torch.device("neuron", current_device()), enable_timing=enable_timing,
+                           blocking=blocking, interprocess=interprocess)
 
 
 def current_stream(device: Any = None) -> torch.Stream:
