@@ -200,7 +200,8 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     return torch.accelerator.get_memory_info(_index(device))
 
 
-from .memory import _record_memory_history, _dump_snapshot, _snapshot, memory_snapshot, memory_summary  # noqa: E402
+from . import memory  # noqa: E402  (torch.neuron.memory._snapshot(), as torch.cuda.memory)
+from .memory import _dump_snapshot, _record_memory_history, _snapshot, memory_snapshot, memory_summary  # noqa: E402
 
 
 # ---------------------------------------------------------------- random numbers
