@@ -7,6 +7,10 @@
 // we route `neuron` to the device executor, which runs the CPU kernel: results
 // then match the CPU bit for bit. The list is computed from the dispatcher
 // when the extension loads, so it follows PyTorch's registrations.
+//
+// Convolution is the other case: its composite picks an algorithm by device
+// type and sends unknown devices to convolution_overrideable (unimplemented).
+// Routing it to the executor makes the CPU's own algorithm choice apply.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
@@ -24,6 +28,8 @@ struct PreferCpuKernels {
     auto& dispatcher = c10::Dispatcher::singleton();
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                                 __FILE__, __LINE__);
+    for (const char* op : {"convolution", "convolution_backward"})
+      lib->impl(op, torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
     for (const auto& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = dispatcher.findOp(name);

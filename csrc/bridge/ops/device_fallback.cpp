@@ -45,6 +45,13 @@ const std::unordered_set<std::string> kHostIndices = {
     "aten::index", "aten::index_put_", "aten::_index_put_impl_", "aten::index_put", "aten::_unsafe_index",
     "aten::_unsafe_index_put", "aten::_pack_padded_sequence", "aten::_pad_packed_sequence"};
 
+// Warnings of a queued task are dropped: the host-side meta pass of the same
+// call already ran the checks that warn, and an executor thread has no Python
+// frame to attribute a warning to.
+struct DropWarnings final : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
 bool is_tensor_type(const c10::TypePtr& t) {
   if (t->kind() == c10::TypeKind::TensorType) return true;
   if (auto o = t->cast<c10::OptionalType>()) return is_tensor_type(o->getElementType());
@@ -207,8 +214,14 @@ c10::IValue task_arg(const c10::IValue& a, size_t i, const OpTraits& traits, c10
 }
 
 // Computes outputs on Meta; returns false if the op has no usable meta kernel.
-bool run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::ArrayRef<c10::IValue> args,
-              torch::jit::Stack& meta, std::vector<at::Tensor>& meta_written) {
+// Why a meta pass failed: the op has no meta kernel, the outputs depend on the
+// data for these inputs (a boolean mask index, ...), or something else (a
+// meta kernel stricter than the CPU kernel, or a genuine user error that the
+// CPU kernel will then raise).
+enum class MetaFailure { None, NoMetaKernel, DataDependent, Other };
+
+MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::ArrayRef<c10::IValue> args,
+                     torch::jit::Stack& meta, std::vector<at::Tensor>& meta_written) {
   for (size_t i = 0; i < args.size(); ++i) {
     if (is_generator_arg(traits, i)) {
       meta.emplace_back();
@@ -222,22 +235,26 @@ bool run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::ArrayRef<c10
   }
   for (size_t i : traits.written)
     meta_written.push_back(meta[i].isTensor() ? meta[i].toTensor() : at::Tensor());
+  std::string what;
   try {
     auto guard = below_autograd();
     op.callBoxed(&meta);
-    return true;
-  } catch (const c10::NotImplementedError& e) {
-    // Only a missing Meta kernel is a property of the op; other refusals may
-    // depend on the inputs.
-    if (std::string(e.what()).find("'Meta' backend") != std::string::npos) traits.no_meta = true;
+    return MetaFailure::None;
   } catch (const std::exception& e) {
-    if (std::getenv("TORCHNEURON_DEBUG_META"))
-      std::fprintf(stderr, "[torchneuron] meta pass of %s failed: %s\n", op.schema().name().c_str(), e.what());
-    // A meta kernel that cannot decide (data-dependent) or rejects what the
-    // CPU kernel accepts: let the synchronous path run it, or raise the CPU
-    // kernel's own error.
+    what = e.what();
   }
-  return false;
+  if (std::getenv("TORCHNEURON_DEBUG_META"))
+    std::fprintf(stderr, "[torchneuron] meta pass of %s failed: %s\n", op.schema().name().c_str(), what.c_str());
+  if (what.find("data-independent") != std::string::npos || what.find("data-dependent") != std::string::npos ||
+      what.find("DynamicOutputShape") != std::string::npos)
+    return MetaFailure::DataDependent;
+  // Only a missing Meta kernel is a property of the op; other refusals may
+  // depend on the inputs.
+  if (what.find("'Meta' backend") != std::string::npos) {
+    traits.no_meta = true;
+    return MetaFailure::NoMetaKernel;
+  }
+  return MetaFailure::Other;
 }
 
 void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
@@ -266,6 +283,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
         schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name()),
         [&op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
           auto guard = below_autograd();
+          static DropWarnings drop;
+          c10::WarningUtils::WarningHandlerGuard quiet(&drop);
           torch::jit::Stack s(std::move(task_args));
           op.callBoxed(&s);
           size_t k = 0, r = s.size();
@@ -333,15 +352,17 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     record_execution(schema.operator_name(), Execution::Queued);
     return run_view(op, traits, stack);
   }
+  MetaFailure failure = MetaFailure::NoMetaKernel;
   if (traits.tensor_returns && !traits.data_dependent && !traits.no_meta) {
     torch::jit::Stack meta;
     std::vector<at::Tensor> meta_written;
-    if (run_meta(op, traits, args, meta, meta_written)) {
+    failure = run_meta(op, traits, args, meta, meta_written);
+    if (failure == MetaFailure::None) {
       record_execution(schema.operator_name(), Execution::Queued);
       return run_queued(op, traits, stack, device, meta, meta_written);
     }
   }
-  const bool expected_sync = traits.data_dependent || !traits.tensor_returns;
+  const bool expected_sync = traits.data_dependent || !traits.tensor_returns || failure == MetaFailure::DataDependent;
   if (!expected_sync) {
     TORCH_CHECK_NOT_IMPLEMENTED(!strict_fallback(), "neuron: ", schema.operator_name(),
                                 " cannot be queued (its output sizes are unknown before it runs) and "
