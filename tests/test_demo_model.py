@@ -45,7 +45,6 @@ def _neuron_status() -> tuple[bool, str]:
 
 NEURON_OK, NEURON_REASON = _neuron_status()
 assert NEURON_OK, NEURON_REASON
-needs_neuron = pytest.mark.usefixtures()  # kept as a marker of which tests use the device
 DEVICES = ["cpu", "neuron"]
 
 
@@ -72,7 +71,6 @@ def test_different_seed_differs(cpu_reference):
     assert other[0] != cpu_reference[0]
 
 
-@needs_neuron
 def test_neuron_matches_cpu(cpu_reference):
     res = gm.train("neuron", PARITY_STEPS, SEED, keep_model=False)
     assert res.device.startswith("neuron")

@@ -27,6 +27,7 @@
 #include "storage_resize.h"
 #include "aliases.h"
 #include "kernels.h"
+#include "meta_cache.h"
 
 namespace torchneuron::ops {
 namespace {
@@ -222,6 +223,15 @@ enum class MetaFailure { None, NoMetaKernel, DataDependent, Other };
 
 MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::ArrayRef<c10::IValue> args,
                      torch::jit::Stack& meta, std::vector<at::Tensor>& meta_written) {
+  MetaSignature sig;
+  const bool cacheable = meta_signature(op, args, traits.generators, sig);
+  if (cacheable) {
+    if (auto hit = meta_cache_find(sig)) {
+      meta.assign(hit->returns.begin(), hit->returns.end());
+      meta_written = hit->written;
+      return MetaFailure::None;
+    }
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     if (is_generator_arg(traits, i)) {
       meta.emplace_back();
@@ -239,6 +249,7 @@ MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::Array
   try {
     auto guard = below_autograd();
     op.callBoxed(&meta);
+    if (cacheable) meta_cache_insert(std::move(sig), MetaResult{{meta.begin(), meta.end()}, meta_written});
     return MetaFailure::None;
   } catch (const std::exception& e) {
     what = e.what();
@@ -281,7 +292,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   translate_errors([&] {
     current_runtime_stream(device).enqueue(
         schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name()),
-        [&op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
+        [op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
           auto guard = below_autograd();
           static DropWarnings drop;
           c10::WarningUtils::WarningHandlerGuard quiet(&drop);
