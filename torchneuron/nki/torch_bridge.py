@@ -16,22 +16,21 @@ How a call on ``neuron`` tensors runs
    without waiting for the device) and record the ``shared_hbm`` tensors it
    allocates, in order, and what it returns.  Later calls reuse the record.
 2. **Launch.**  The host allocates the ``shared_hbm`` outputs as ``neuron``
-   tensors from that record and calls one operator,
-   ``torchneuron_nki::<kernel name>(int call, Tensor(a!)[] outs, Tensor(b!)[] ins)``,
-   whose only implementations are CPU (the emulator) and Meta (nothing to
-   compute).  On ``neuron`` tensors it reaches the device's generic executor,
-   which queues ONE task on the current stream, named after the kernel, and
+   tensors from that record and calls ``torchneuron_nki::launch(call, name,
+   outs, ins)`` (C++, csrc/bridge/nki_launch.cpp), which queues ONE task named
+   ``nki::<kernel name>`` on the current stream of the tensors' device and
    returns.  The caller gets the outputs at once; Python runs ahead.
 3. **Execution.**  The task runs on the stream's executor thread, after the
-   work queued before it and before the work queued after it.  It calls the
-   CPU implementation on CPU aliases of the device memory (no copies), which
-   takes the GIL and runs the emulator on NumPy views of those aliases; the
-   kernel's ``shared_hbm`` allocations are handed the preallocated outputs
-   in order (a mismatch with the record is an error).
+   work queued before it and before the work queued after it.  It calls
+   ``torchneuron_nki::run`` on CPU aliases of the device memory (no copies);
+   its CPU kernel (``_run_task`` here) takes the GIL and runs the emulator on
+   NumPy views of those aliases.  The kernel's ``shared_hbm`` allocations are
+   handed the preallocated outputs in order (a mismatch with the record is
+   an error).
 4. **Errors.**  An error in the task is kept by the device and raised at the
    next synchronising call (``.cpu()``, ``.item()``, ``synchronize()``) as a
-   ``RuntimeError`` naming the operator ``torchneuron_nki::<kernel>`` and the
-   kernel's source line.  Errors found by the shape trace (limits, bad
+   ``RuntimeError`` naming the task ``nki::<kernel>``, the original exception
+   and the kernel's source line.  Errors found by the shape trace (limits, bad
    indexing) are raised at the call itself, with their own exception type.
 
 CPU tensors run synchronously on the host, on views of their memory.  Fake
@@ -44,7 +43,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import re
 import threading
 
 import numpy as np
@@ -286,54 +284,41 @@ def _execute(launch, outs, ins):
 
 
 # ---------------------------------------------------------------------------
-# one launcher operator per kernel: the unit the device queues
+# the device task: torchneuron_nki::launch (C++, csrc/bridge/nki_launch.cpp)
+# queues a task that calls torchneuron_nki::run, whose CPU kernel is here
 
 _pending: dict = {}           # call id -> launch, consumed by the task
 _call_ids = itertools.count(1)
-_launchers: dict = {}         # kernel function -> launcher op
-_launcher_names: set = set()
 _lib = None
-_launcher_lock = threading.Lock()
+_lib_lock = threading.Lock()
 
 
-def _launcher_for(kernel: Kernel):
+def _run_task(call, outs, ins):
+    launch = _pending.pop(call, None)
+    if launch is None:
+        raise RuntimeError(f"NKI launch #{call} is unknown (already run?)")
+    try:
+        _execute(launch, outs, ins)
+    except Exception as e:
+        raise RuntimeError(f"NKI kernel {launch[0].fn.__name__} failed: {type(e).__name__}: {e}") from e
+
+
+def _launcher():
     global _lib
-    fn = kernel.fn
-    op = _launchers.get(fn)
-    if op is not None:
-        return op
-    with _launcher_lock:
-        op = _launchers.get(fn)
-        if op is not None:
-            return op
-        if _lib is None:
-            _lib = torch.library.Library(_NAMESPACE, "FRAGMENT")
-        base = re.sub(r"\W", "_", fn.__name__) or "kernel"
-        name = base
-        for n in itertools.count(2):
-            if name not in _launcher_names:
-                break
-            name = f"{base}_{n}"
-        _launcher_names.add(name)
-        _lib.define(f"{name}(int call, Tensor(a!)[] outs, Tensor(b!)[] ins) -> ()")
-
-        def run_cpu(call, outs, ins, _name=name):
-            launch = _pending.pop(call, None)
-            if launch is None:
-                raise RuntimeError(f"NKI kernel {_name}: launch #{call} is unknown (already run?)")
-            try:
-                _execute(launch, outs, ins)
-            except Exception as e:
-                raise RuntimeError(f"NKI kernel {launch[0].fn.__name__} failed: {type(e).__name__}: {e}") from e
-
-        def run_meta(call, outs, ins):
-            return None
-
-        _lib.impl(name, run_cpu, "CPU")
-        _lib.impl(name, run_meta, "Meta")
-        op = getattr(getattr(torch.ops, _NAMESPACE), name).default
-        _launchers[fn] = op
-        return op
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                if not hasattr(torch.ops, _NAMESPACE) or not hasattr(getattr(torch.ops, _NAMESPACE), "launch"):
+                    import torchneuron  # noqa: F401  (loads _C, which defines the operators)
+                try:
+                    getattr(torch.ops, _NAMESPACE).launch
+                except AttributeError:
+                    raise RuntimeError("torchneuron._C has no NKI launcher (csrc/bridge/nki_launch.cpp): "
+                                       "rebuild with scripts/build.sh") from None
+                lib = torch.library.Library(_NAMESPACE, "IMPL")
+                lib.impl("run", _run_task, "CPU")
+                _lib = lib
+    return getattr(torch.ops, _NAMESPACE).launch.default
 
 
 # ---------------------------------------------------------------------------
@@ -381,7 +366,7 @@ class TorchAdapter:
             _pending[call] = launch
             try:
                 with torch.no_grad():
-                    _launcher_for(kernel)(call, outs, [t.detach() for t in tensors])
+                    _launcher()(call, name, outs, [t.detach() for t in tensors])
             except BaseException:
                 _pending.pop(call, None)
                 raise
