@@ -28,6 +28,7 @@ __all__ = [
 def __getattr__(name):
     # torch-dependent names load the bridge lazily
     if name in ("nki_op", "torch_bridge"):
-        from . import torch_bridge
+        import importlib
+        torch_bridge = importlib.import_module(__name__ + ".torch_bridge")
         return torch_bridge if name == "torch_bridge" else torch_bridge.nki_op
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
