@@ -138,6 +138,25 @@ def rmsnorm_op(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return rmsnorm_kernel(x.contiguous(), w.contiguous(), eps)
 
 
+def _rmsnorm_setup(ctx, inputs, output):
+    x, w, eps = inputs
+    ctx.save_for_backward(x, w)
+    ctx.eps = eps
+
+
+def _rmsnorm_backward(ctx, grad):
+    # written with PyTorch operators (they run on the device too)
+    x, w = ctx.saved_tensors
+    r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    gw = grad * w
+    grad_x = r * gw - x * r.pow(3) * (gw * x).mean(-1, keepdim=True)
+    grad_w = (grad * x * r).sum(0)
+    return grad_x, grad_w, None
+
+
+rmsnorm_op.register_autograd(_rmsnorm_backward, setup_context=_rmsnorm_setup)
+
+
 @nki.nki_op("nkitest::scale_", mutates_args=("a",))
 @nki.jit
 def scale_op(a: torch.Tensor, factor: float) -> None:
