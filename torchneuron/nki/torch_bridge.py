@@ -395,6 +395,16 @@ class TorchAdapter:
 
 register_adapter(TorchAdapter)
 
+# Dynamo must not trace the emulator: a direct kernel call inside a compiled
+# region runs eagerly (a graph break); nki_op makes it one graph node instead.
+try:
+    if not getattr(Kernel.__call__, "_torchneuron_dynamo_disabled", False):
+        _call = torch._dynamo.disable(Kernel.__call__, reason="NKI kernels run eagerly; use nki_op in compiled code")
+        _call._torchneuron_dynamo_disabled = True
+        Kernel.__call__ = _call
+except (AttributeError, TypeError):  # pragma: no cover  (older dynamo)
+    pass
+
 
 # ---------------------------------------------------------------------------
 # nki_op: a kernel as a PyTorch custom operator
