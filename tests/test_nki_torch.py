@@ -7,6 +7,11 @@
 * ``nki_op`` operators match PyTorch in eager code, in ``torch.compile``
   (backends "eager" and "aot_eager": the "neuron" backend does not exist yet),
   and in training steps with a registered backward.
+
+The "aot_eager" cases call ATen operators through Python (torch.ops.aten.*),
+which needs the generic executor to capture its OperatorHandle by value
+(csrc/bridge/ops/device_fallback.cpp, run_queued: ``[op, &traits, ...]``);
+with the by-reference capture they crash the process on the executor thread.
 """
 import os
 import subprocess
