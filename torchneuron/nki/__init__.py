@@ -5,7 +5,10 @@
     import torchneuron.nki.isa as nisa
 
 Kernels decorated with ``@nki.jit`` run standalone when called with NumPy
-arrays.  See docs/nki.md.  Importing this package does not import torch.
+arrays, and as device tasks on the current stream when called with
+``neuron`` tensors; ``nki_op`` makes a kernel a PyTorch custom operator.
+See docs/nki.md.  Importing this package does not import torch: ``nki_op``
+loads ``torch_bridge`` on first access.
 """
 from . import compiler, isa, language  # noqa: F401  (submodules are part of the API)
 from .aliases import install_import_aliases, uninstall_import_aliases
@@ -18,5 +21,14 @@ __all__ = [
     "jit", "baremetal", "Kernel", "simulate_kernel", "run_on_host_buffers", "register_adapter",
     "install_import_aliases", "uninstall_import_aliases",
     "NKIError", "NKILimitError", "NKIOutOfBoundsError", "NKITypeError",
-    "NkiTensor", "Buffer", "TileSize", "TARGETS", "language", "isa", "compiler",
+    "NkiTensor", "Buffer", "TileSize", "TARGETS", "language", "isa", "compiler", "nki_op",
 ]
+
+
+def __getattr__(name):
+    # torch-dependent names load the bridge lazily
+    if name in ("nki_op", "torch_bridge"):
+        import importlib
+        torch_bridge = importlib.import_module(__name__ + ".torch_bridge")
+        return torch_bridge if name == "torch_bridge" else torch_bridge.nki_op
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
