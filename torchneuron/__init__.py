@@ -4,7 +4,17 @@
 (entry point group ``torch.backends``). Importing this package registers the
 device explicitly, for ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` setups.
 """
-import torch
+
+
+def _autoload():
+    """Entry point of PyTorch's device-backend autoload; importing does the work.
+
+    Defined before ``import torch``: when this package is imported first,
+    torch's own import runs autoload, which looks this function up on the
+    partially initialised package."""
+
+
+import torch  # noqa: E402
 
 from . import _C  # the C++ bridge: registers guard, hooks, allocator, kernels
 from ._registration import register as _register
@@ -12,9 +22,6 @@ from ._registration import register as _register
 _register()
 
 from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops  # noqa: E402
+from .nki import nki_op  # noqa: E402
 
-__all__ = ["get_executed_ops", "get_fallback_ops", "clear_op_tracking"]
-
-
-def _autoload():
-    """Entry point of PyTorch's device-backend autoload; importing does the work."""
+__all__ = ["get_executed_ops", "get_fallback_ops", "clear_op_tracking", "nki_op"]

@@ -7,8 +7,8 @@
 Kernels decorated with ``@nki.jit`` run standalone when called with NumPy
 arrays, and as device tasks on the current stream when called with
 ``neuron`` tensors; ``nki_op`` makes a kernel a PyTorch custom operator.
-See docs/nki.md.  Importing this package does not import torch: ``nki_op``
-loads ``torch_bridge`` on first access.
+See docs/nki.md.  The emulator itself runs on NumPy only; the torch side
+(``torch_bridge``, behind ``nki_op``) loads on first use.
 """
 from . import compiler, isa, language  # noqa: F401  (submodules are part of the API)
 from .aliases import install_import_aliases, uninstall_import_aliases
