@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from conftest import run_python
+from neuron_testing import run_python
 
 
 def test_device_module_basics():

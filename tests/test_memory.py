@@ -61,7 +61,7 @@ def test_out_of_memory_is_an_exception_and_leaves_no_trace():
 
 
 def test_capacity_is_configurable():
-    from conftest import run_python
+    from neuron_testing import run_python
 
     r = run_python(
         """

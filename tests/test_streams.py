@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from conftest import run_python
+from neuron_testing import run_python
 
 
 def _burst(n=6, size=1024):
