@@ -89,6 +89,9 @@ def test_memory_summary_and_snapshot():
     seg = snap["segments"][0]
     assert sum(b["size"] for b in seg["blocks"]) == seg["total_size"]
     assert any(e["action"] == "alloc" for e in snap["device_traces"][0])
+    from torch.cuda import _memory_viz  # PyTorch's own reader of the format
+
+    assert "total_reserved" in _memory_viz.segsum(snap)
     del x, y
 
 

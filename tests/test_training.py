@@ -53,32 +53,42 @@ def test_optimizer_matches_cpu_exactly(name):
         assert torch.equal(a, b)
 
 
+def _conv_net(p_drop):
+    torch.manual_seed(SEED)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Dropout(p_drop), nn.Linear(16, 4))
+
+
+def _train_conv(device, p_drop, seed=1):
+    m = _conv_net(p_drop).to(device)
+    if device == "neuron":
+        torch.neuron.manual_seed(seed)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(5):
+        x = torch.randn(8, 3, 16, 16, generator=g).to(device)
+        y = torch.randint(0, 4, (8,), generator=g).to(device)
+        loss = nn.functional.cross_entropy(m(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, m[1].running_mean.cpu()
+
+
 def test_conv_batchnorm_network_matches_cpu():
-    def net():
-        torch.manual_seed(SEED)
-        return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
-                             nn.Conv2d(8, 16, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                             nn.Flatten(), nn.Dropout(0.0), nn.Linear(16, 4))
-
-    def run(device):
-        m = net().to(device)
-        opt = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
-        g = torch.Generator().manual_seed(1)
-        losses = []
-        for _ in range(5):
-            x = torch.randn(8, 3, 16, 16, generator=g).to(device)
-            y = torch.randint(0, 4, (8,), generator=g).to(device)
-            loss = nn.functional.cross_entropy(m(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses, m[1].running_mean.cpu()
-
-    (ln, rn), (lc, rc) = run("neuron"), run("cpu")
+    (ln, rn), (lc, rc) = _train_conv("neuron", 0.0), _train_conv("cpu", 0.0)
     for a, b in zip(ln, lc):
         assert abs(a - b) <= 1e-5 * abs(b)
     torch.testing.assert_close(rn, rc)
+
+
+def test_conv_network_with_dropout_is_reproducible_per_seed():
+    first, again, other = (_train_conv("neuron", 0.3, seed)[0] for seed in (4, 4, 5))
+    assert first == again
+    assert first != other
 
 
 def test_dropout_uses_the_device_generator():
