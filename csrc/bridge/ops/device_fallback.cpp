@@ -28,6 +28,7 @@
 #include "aliases.h"
 #include "kernels.h"
 #include "meta_cache.h"
+#include "out_variants.h"
 
 namespace torchneuron::ops {
 namespace {
@@ -289,14 +290,23 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   task_args.reserve(n);
   for (size_t i = 0; i < n; ++i) task_args.push_back(task_arg(args[i], i, traits, device, true, false));
 
+  // A functional op whose out= overload exists writes straight into its
+  // outputs; otherwise its results are copied into them.
+  auto out_op = outputs.size() == r && !outputs.empty() ? out_variant_of(op) : std::nullopt;
+  std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   translate_errors([&] {
     current_runtime_stream(device).enqueue(
-        schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name()),
-        [op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
+        std::move(name),
+        [op, out_op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
           auto guard = below_autograd();
           static DropWarnings drop;
           c10::WarningUtils::WarningHandlerGuard quiet(&drop);
           torch::jit::Stack s(std::move(task_args));
+          if (out_op) {
+            for (auto& o : outputs) s.push_back(std::move(o));
+            out_op->callBoxed(&s);
+            return;
+          }
           op.callBoxed(&s);
           size_t k = 0, r = s.size();
           for (size_t i = 0; i < r; ++i)

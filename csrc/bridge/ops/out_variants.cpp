@@ -1,0 +1,50 @@
+#include "out_variants.h"
+
+#include <mutex>
+#include <unordered_map>
+
+namespace torchneuron {
+namespace {
+
+bool writes(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
+
+bool matches(const c10::FunctionSchema& f, const c10::FunctionSchema& o) {
+  const auto &fa = f.arguments(), &oa = o.arguments();
+  const size_t n = fa.size(), k = f.returns().size();
+  if (k == 0 || oa.size() != n + k || o.returns().size() != k) return false;
+  for (size_t i = 0; i < n; ++i)
+    if (oa[i].name() != fa[i].name() || *oa[i].type() != *fa[i].type() || writes(oa[i])) return false;
+  for (size_t i = n; i < n + k; ++i)
+    if (!oa[i].kwarg_only() || !writes(oa[i]) || oa[i].type()->kind() != c10::TypeKind::TensorType) return false;
+  for (const auto& r : f.returns())
+    if (r.type()->kind() != c10::TypeKind::TensorType || r.alias_info()) return false;
+  return true;
+}
+
+} // namespace
+
+std::optional<c10::OperatorHandle> out_variant_of(const c10::OperatorHandle& functional) {
+  static std::mutex mu;
+  static std::unordered_map<const c10::FunctionSchema*, std::optional<c10::OperatorHandle>> found;
+  const auto& f = functional.schema();
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = found.find(&f); it != found.end()) return it->second;
+  std::optional<c10::OperatorHandle> result;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  const std::string& overload = f.overload_name();
+  for (const std::string& candidate :
+       {std::string("out"), overload + "_out", overload.empty() ? std::string() : overload + "out"}) {
+    if (candidate.empty()) continue;
+    auto op = dispatcher.findOp(c10::OperatorName(f.name(), candidate));
+    if (op && matches(f, op->schema()) &&
+        (op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+         op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))) {
+      result = op;
+      break;
+    }
+  }
+  found.emplace(&f, result);
+  return result;
+}
+
+} // namespace torchneuron
