@@ -292,7 +292,10 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
 
   // A functional op whose out= overload exists writes straight into its
   // outputs; otherwise its results are copied into them.
-  auto out_op = outputs.size() == r && !outputs.empty() ? out_variant_of(op) : std::nullopt;
+  const bool all_defined = std::all_of(outputs.begin(), outputs.end(), [](const c10::IValue& v) {
+    return v.isTensor() && v.toTensor().defined();
+  });
+  auto out_op = all_defined && outputs.size() == r && r > 0 ? out_variant_of(op) : std::nullopt;
   std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   translate_errors([&] {
     current_runtime_stream(device).enqueue(
