@@ -16,6 +16,8 @@ struct Tracker {
   std::mutex mu;
   std::unordered_map<c10::OperatorName, std::pair<int64_t, int64_t>> counts;  // executed, fallback
   std::unordered_set<c10::OperatorName> warned;
+  std::map<std::string, int64_t> fused;
+  int64_t groups = 0;
 };
 
 Tracker& tracker() {
@@ -64,10 +66,31 @@ std::map<std::string, int64_t> fallback_ops() {
   return out;
 }
 
+void record_fused(const std::string& op, bool starts_group) {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  ++t.fused[op];
+  if (starts_group) ++t.groups;
+}
+
+std::map<std::string, int64_t> fused_ops() {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.fused;
+}
+
+int64_t fused_groups() {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.groups;
+}
+
 void clear_op_tracking() {
   auto& t = tracker();
   std::lock_guard<std::mutex> lock(t.mu);
   t.counts.clear();
+  t.fused.clear();
+  t.groups = 0;
 }
 
 } // namespace torchneuron

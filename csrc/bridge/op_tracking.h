@@ -23,7 +23,13 @@ void record_execution(const c10::OperatorName& op, Execution how);
 bool first_fallback(const c10::OperatorName& op);
 bool strict_fallback();
 
+// Adaptive eager: `op` joined a fused task (`starts_group`: it was the first
+// member, counted when a second one joins).
+void record_fused(const std::string& op, bool starts_group);
+
 std::map<std::string, int64_t> executed_ops();
+std::map<std::string, int64_t> fused_ops();   // op -> times it ran fused
+int64_t fused_groups();                       // fused tasks of two or more ops
 std::map<std::string, int64_t> fallback_ops();
 void clear_op_tracking();
 

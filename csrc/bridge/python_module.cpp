@@ -7,6 +7,7 @@
 #include "allocator.h"
 #include "device_state.h"
 #include "generator.h"
+#include "fusion/elementwise_fusion.h"
 #include "op_tracking.h"
 
 namespace py = pybind11;
@@ -98,4 +99,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("get_executed_ops", &executed_ops);
   m.def("get_fallback_ops", &fallback_ops);
   m.def("clear_op_tracking", &clear_op_tracking);
+  m.def("get_fused_ops", &fused_ops);
+  m.def("_fused_groups", &fused_groups);
+  m.def("_set_adaptive_eager", &set_adaptive_eager);
+  m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
 }

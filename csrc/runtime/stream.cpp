@@ -71,6 +71,7 @@ void Stream::run_one(Task& task) {
   task.finished_ns = now_ns();
   device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
+  task.payload.reset();
   std::lock_guard<std::mutex> lock(mu_);
   completed_.store(task.seq, std::memory_order_release);
   if (host_waiters_ > 0) done_cv_.notify_all();

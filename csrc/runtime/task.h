@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 namespace torchneuron::runtime {
@@ -22,6 +23,9 @@ struct Task {
   int64_t enqueued_ns = 0;   // host time of the launch
   int64_t started_ns = 0;    // device time the task began
   int64_t finished_ns = 0;   // device time the task ended
+  // Opaque state a client keeps with a pending task, e.g. the bridge's fuser
+  // recognises its own fused tasks by it (see Stream::amend_pending_tail).
+  std::shared_ptr<void> payload;
 };
 
 // Called on the executor thread after every task (profiler feed). Must be cheap.

@@ -29,6 +29,7 @@
 #include "kernels.h"
 #include "meta_cache.h"
 #include "out_variants.h"
+#include "../fusion/elementwise_fusion.h"
 
 namespace torchneuron::ops {
 namespace {
@@ -297,8 +298,21 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   });
   auto out_op = all_defined && outputs.size() == r && r > 0 ? out_variant_of(op) : std::nullopt;
   std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+  rt::Stream& stream = current_runtime_stream(device);
+  if (adaptive_eager_enabled() && is_elementwise(schema)) {
+    ElementwiseCall call{out_op ? *out_op : op, task_args, {}, name};
+    if (out_op)
+      call.args.insert(call.args.end(), outputs.begin(), outputs.end());
+    else
+      for (const auto& o : outputs) call.results.push_back(o.toTensor());
+    if (all_defined && translate_errors([&] { return enqueue_fusable(stream, call); })) {
+      torch::jit::drop(*stack, n);
+      for (auto& v : results) stack->push_back(std::move(v));
+      return;
+    }
+  }
   translate_errors([&] {
-    current_runtime_stream(device).enqueue(
+    stream.enqueue(
         std::move(name),
         [op, out_op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
           auto guard = below_autograd();

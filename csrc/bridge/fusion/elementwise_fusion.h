@@ -1,0 +1,45 @@
+// Adaptive eager execution: element-wise operators queued behind busy device
+// work are merged into one device task that walks memory once, in cache-sized
+// pieces, applying every member in order to each piece.
+//
+// Results are bit-identical to unfused execution, by construction: each member
+// runs the same CPU kernel, on the same thread ranges that kernel would use
+// for the whole tensor (TensorIterator's split), cut into pieces whose length
+// is a multiple of every vector width, so each element takes the same
+// (vector or scalar) code path. Only same-shape, contiguous operands fuse, and
+// tensors in a group either coincide or are disjoint, so no member can read an
+// element another member has not produced yet.
+//
+// "Adaptive": a call fuses only into a task still waiting in the queue, so
+// fusion happens exactly when the host runs ahead of the device.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+
+#include <string>
+#include <vector>
+
+#include "runtime/stream.h"
+
+namespace torchneuron {
+
+// One queued element-wise call, in the form a device task runs it.
+struct ElementwiseCall {
+  c10::OperatorHandle op;          // the overload to run (functional, out= or in-place)
+  std::vector<c10::IValue> args;   // host aliases, scalars, out= outputs
+  std::vector<at::Tensor> results; // functional without out=: where results go
+  std::string name;                // the operator the user called
+};
+
+// On unless TORCHNEURON_ADAPTIVE_EAGER=0 or torch.use_deterministic_algorithms(True).
+bool adaptive_eager_enabled();
+void set_adaptive_eager(bool enabled);  // tests and benchmarks
+bool is_elementwise(const c10::FunctionSchema& schema);
+
+// Queues `call` on `stream`, merged into the pending fused task at the tail
+// when it can be. Returns false, queuing nothing, if `call` cannot take part
+// in fusion (the caller then queues it as a task of its own).
+bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call);
+
+} // namespace torchneuron
