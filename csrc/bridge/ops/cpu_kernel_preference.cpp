@@ -28,7 +28,7 @@ struct PreferCpuKernels {
     auto& dispatcher = c10::Dispatcher::singleton();
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                                 __FILE__, __LINE__);
-    for (const char* op : {"convolution", "convolution_backward"})
+    for (const char* op : {"convolution", "convolution_backward", "_convolution", "_convolution_double_backward"})
       lib->impl(op, torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
     for (const auto& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;

@@ -13,6 +13,15 @@
 //                 and runs the kernel in place
 //   fallback      an op without a meta kernel runs the same synchronous way;
 //                 it is counted and warned about (op_tracking.h)
+//   verified      ops with several tensor results: some meta kernels describe
+//                 auxiliary results differently from the CPU kernel (batch
+//                 norm's saved statistics in eval mode, embedding_bag's
+//                 offset2bag, layer norm's mean dtype). The first call with a
+//                 given argument signature (dtypes, ranks, flags, modes) runs
+//                 synchronously and its results are checked against the meta
+//                 pass; signatures that agree are queued from then on, those
+//                 that disagree keep running synchronously, with the CPU
+//                 kernel's own metadata.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
@@ -77,6 +86,9 @@ struct OpTraits {
   bool host_indices = false;
   std::vector<size_t> generators;
   std::atomic<bool> no_meta{false};
+  bool verify_meta = false;      // several tensor results: check meta once per signature
+  std::mutex verdict_mu;
+  std::unordered_map<uint64_t, bool> meta_agrees;  // signature -> verdict
 };
 
 OpTraits& traits_for(const c10::OperatorHandle& op) {
@@ -98,8 +110,10 @@ OpTraits& traits_for(const c10::OperatorHandle& op) {
          args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))
       t.generators.push_back(i);
   }
+  size_t tensor_results = 0;
   for (const auto& r : schema.returns()) {
     t.tensor_returns &= is_tensor_type(r.type());
+    if (!alias_of(r)) tensor_results += r.type()->kind() == c10::TypeKind::TensorType ? 1 : 2;
     int src = -1;
     if (auto* ra = alias_of(r)) {
       for (size_t i = 0; i < args.size() && src < 0; ++i)
@@ -111,7 +125,46 @@ OpTraits& traits_for(const c10::OperatorHandle& op) {
   const std::string& name = schema.name();
   t.data_dependent = kDataDependent.count(name) > 0;
   t.host_indices = kHostIndices.count(name) > 0;
+  t.verify_meta = tensor_results > 1;
   return t;
+}
+
+// What can make a meta kernel and the CPU kernel disagree on result metadata:
+// dtypes, ranks, empty or absent tensors, flags, modes, strings. Sizes are
+// left out so that shape-varying workloads do not re-verify.
+uint64_t signature_of(c10::ArrayRef<c10::IValue> args) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  auto tensor = [&](const at::Tensor& t) {
+    mix(t.defined() ? 1 + 8 * (static_cast<uint64_t>(t.scalar_type()) + 64 * (t.dim() + 64 * (t.numel() == 0))) : 0);
+  };
+  for (const auto& a : args) {
+    mix(a.isNone() ? 17 : 19);
+    if (a.isTensor()) tensor(a.toTensor());
+    else if (a.isBool()) mix(a.toBool() ? 3 : 5);
+    else if (a.isInt()) mix(static_cast<uint64_t>(a.toInt()) * 7 + 11);
+    else if (a.isString()) mix(std::hash<std::string>()(a.toStringRef()));
+    else if (a.isTensorList()) { mix(a.toTensorList().size()); for (const at::Tensor& t : a.toTensorList()) tensor(t); }
+    else if (a.isList()) { for (const c10::IValue& e : a.toList()) if (e.isTensor()) tensor(e.toTensor()); else mix(e.isNone()); }
+  }
+  return h;
+}
+
+// Whether the device results of a synchronous run have the metadata the meta
+// pass predicted (sizes, dtype) for every freshly allocated result.
+bool results_match_meta(const OpTraits& traits, c10::ArrayRef<c10::IValue> results, c10::ArrayRef<c10::IValue> meta) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (traits.source[i] >= 0) continue;
+    std::vector<at::Tensor> a, b;
+    for_each_tensor(results[i], [&](const at::Tensor& t) { a.push_back(t); });
+    for_each_tensor(meta[i], [&](const at::Tensor& t) { b.push_back(t); });
+    if (a.size() != b.size()) return false;
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (a[k].defined() != b[k].defined()) return false;
+      if (a[k].defined() && (a[k].sizes() != b[k].sizes() || a[k].scalar_type() != b[k].scalar_type())) return false;
+    }
+  }
+  return true;
 }
 
 bool is_generator_arg(const OpTraits& t, size_t i) {
@@ -396,8 +449,30 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::vector<at::Tensor> meta_written;
     failure = run_meta(op, traits, args, meta, meta_written);
     if (failure == MetaFailure::None) {
-      record_execution(schema.operator_name(), Execution::Queued);
-      return run_queued(op, traits, stack, device, meta, meta_written);
+      if (!traits.verify_meta) {
+        record_execution(schema.operator_name(), Execution::Queued);
+        return run_queued(op, traits, stack, device, meta, meta_written);
+      }
+      const uint64_t sig = signature_of(args);
+      std::optional<bool> agrees;
+      {
+        std::lock_guard<std::mutex> lock(traits.verdict_mu);
+        if (auto it = traits.meta_agrees.find(sig); it != traits.meta_agrees.end()) agrees = it->second;
+      }
+      if (agrees.value_or(false)) {
+        record_execution(schema.operator_name(), Execution::Queued);
+        return run_queued(op, traits, stack, device, meta, meta_written);
+      }
+      // Unverified or known to disagree: the CPU kernel decides the metadata.
+      run_synchronously(op, traits, stack, device);
+      if (!agrees) {
+        const size_t r = schema.returns().size();
+        bool ok = results_match_meta(traits, torch::jit::last(*stack, r), torch::jit::last(meta, r));
+        std::lock_guard<std::mutex> lock(traits.verdict_mu);
+        traits.meta_agrees[sig] = ok;
+      }
+      record_execution(schema.operator_name(), Execution::Synchronizing);
+      return;
     }
   }
   const bool expected_sync = traits.data_dependent || !traits.tensor_returns || failure == MetaFailure::DataDependent;

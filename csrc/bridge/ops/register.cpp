@@ -28,4 +28,18 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
 }
 
+// Copies of conjugated or negated tensors: the CPU copy kernel (which the
+// device copy runs on host aliases that keep the conj/neg bits) resolves them.
+// Without this, the conjugate/negative fallback would materialise the source
+// with clone(), whose copy_ reaches _copy_from again: endless recursion.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+
 } // namespace torchneuron::ops
