@@ -1,0 +1,84 @@
+"""Inductor's view of the ``neuron`` device.
+
+Kernels: Inductor's C++ CPU code generator (``CppScheduling``) unchanged. The
+kernels it generates take raw pointers, and a ``neuron`` tensor's
+``data_ptr()`` is host-addressable device memory.
+
+Wrapper: Inductor's Python wrapper, with one change: where the CPU wrapper
+calls a C++ kernel directly, ours queues the call as a device task on the
+current stream (:mod:`torchneuron.compile.launch`). Buffers are allocated with
+``empty_strided(..., device='neuron')`` (the stream-ordered caching
+allocator), and extern kernels (``mm``, convolutions, fallbacks) are ordinary
+asynchronous ``neuron`` operators. ``neuron`` is not one of Inductor's GPU
+types, so Triton is never involved.
+"""
+from __future__ import annotations
+
+from torch._inductor.codegen.common import (
+    DeviceOpOverrides,
+    get_scheduling_for_device,
+    register_backend_for_device,
+    register_device_op_overrides,
+)
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.virtualized import V
+
+_LAUNCH_IMPORT = "from torchneuron.compile.launch import launch as neuron_launch"
+
+
+class NeuronWrapperCodegen(PythonWrapperCodegen):
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+        if is_subgraph:
+            return NeuronSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return NeuronWrapperCodegen()
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline(_LAUNCH_IMPORT)
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+        device = device or V.graph.get_current_device_or_throw()
+        if not triton and device.type == "neuron":
+            args = ", ".join(str(a) for a in call_args)
+            self.writeline(f"neuron_launch({kernel_name}, {kernel_name!r}{', ' if args else ''}{args})")
+            return
+        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+
+class NeuronSubgraphWrapperCodegen(SubgraphPythonWrapperCodegen):
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+        device = device or V.graph.get_current_device_or_throw()
+        if not triton and device.type == "neuron":
+            self.imports.writeline(_LAUNCH_IMPORT)
+            args = ", ".join(str(a) for a in call_args)
+            self.writeline(f"neuron_launch({kernel_name}, {kernel_name!r}{', ' if args else ''}{args})")
+            return
+        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+
+class NeuronDeviceOpOverrides(DeviceOpOverrides):
+    """What the wrapper writes for device management (no raw streams: kernels
+    are queued on the current stream by ``neuron_launch``)."""
+
+    def import_get_raw_stream_as(self, name: str) -> str:
+        return f"def {name}(_):\n    return 0\n"
+
+    def set_device(self, device_idx: int) -> str:
+        return f"torch.neuron.set_device({device_idx})"
+
+    def synchronize(self) -> str:
+        return "torch.neuron.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.neuron.device({device_idx})"
+
+    def cpp_kernel_type(self) -> str:
+        return "void*"
+
+
+def register() -> None:
+    if get_scheduling_for_device("neuron") is None:
+        register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen)
+    register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
