@@ -1,11 +1,25 @@
 """Dynamo's view of the ``neuron`` device (``torch._dynamo.device_interface``)."""
 from __future__ import annotations
 
+import multiprocessing
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch._dynamo.device_interface import DeviceInterface, caching_worker_current_devices, \
     caching_worker_device_properties
+
+
+@dataclass(frozen=True)
+class NeuronDeviceProperties:
+    """The device's properties plus what Inductor's heuristics read.
+    ``multi_processor_count`` is the host's CPU count, as for Inductor's CPU
+    device: the generated kernels are its C++ kernels, run by OpenMP threads."""
+    name: str
+    total_memory: int
+    core_id: int
+    multi_processor_count: int
+    type: str = "neuron"
 
 
 def _neuron():
@@ -46,8 +60,10 @@ class NeuronInterface(DeviceInterface):
                 index = NeuronInterface.Worker.current_device()
             if "neuron" not in caching_worker_device_properties:
                 dev = _neuron()
+                props = [dev.get_device_properties(i) for i in range(dev.device_count())]
                 caching_worker_device_properties["neuron"] = [
-                    dev.get_device_properties(i) for i in range(dev.device_count())]
+                    NeuronDeviceProperties(p.name, p.total_memory, p.core_id, multiprocessing.cpu_count())
+                    for p in props]
             return caching_worker_device_properties["neuron"][index]
 
     @staticmethod

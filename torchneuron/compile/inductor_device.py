@@ -78,7 +78,51 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
+def _treat_neuron_as_cpp_device() -> None:
+    """Inductor gates its C++-backend heuristics on "is this node on the CPU?"
+    (``BaseSchedulerNode.is_cpu`` and ``ir.is_cpu``): loop reindexing and
+    loop-order inversion in fusion, which assume SIMD (Triton) kernel groups,
+    are skipped, and realisation thresholds are the CPU's. Our kernels are
+    that C++ backend's, so ``neuron`` nodes answer as the CPU does. Nothing
+    else in Inductor (allocation, mkldnn passes, GEMM templates) sees this."""
+    from torch._inductor import ir, scheduler
+
+    if getattr(scheduler.BaseSchedulerNode.is_cpu, "_neuron", False):
+        return
+
+    def node_is_cpu(self) -> bool:
+        device = self.get_device()
+        return device is not None and device.type in ("cpu", "neuron")
+
+    node_is_cpu._neuron = True
+    scheduler.BaseSchedulerNode.is_cpu = node_is_cpu
+
+    def ir_is_cpu(x) -> bool:
+        return ir.get_device_type(x) in ("cpu", "neuron")
+
+    ir.is_cpu = ir_is_cpu
+
+    # The code-generation backend Inductor names for the current device:
+    # "cpp" (config.cpu_backend) for neuron, not config.cuda_backend.
+    from torch._inductor import config, utils
+    from torch._inductor.codegen import common
+
+    original = utils.get_current_backend
+
+    def get_current_backend(device_type=None):
+        if not device_type:
+            device_type = V.graph.get_current_device_or_throw().type
+        if device_type == "neuron":
+            return config.cpu_backend
+        return original(device_type)
+
+    for module in (utils, common, scheduler):
+        if getattr(module, "get_current_backend", None) is original:
+            module.get_current_backend = get_current_backend
+
+
 def register() -> None:
+    _treat_neuron_as_cpp_device()
     if get_scheduling_for_device("neuron") is None:
         register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen)
     register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
