@@ -277,3 +277,13 @@ def test_second_process_reuses_the_cache(tmp_path):
     print(f"first compile {cold:.2f} s (cache misses {miss0}), second process {warm:.2f} s (hits {hit1})")
     assert miss0 >= 1 and hit1 >= 1 and miss1 == 0
     assert warm < cold
+
+
+def test_graph_on_second_device():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("one neuron device")
+    x = torch.randn(6)
+    f = torch.compile(lambda t: (t.sin() * 2).sum() + t, backend="neuron")
+    y = f(x.to("neuron:1"))   # the current device stays neuron:0
+    assert y.device == torch.device("neuron", 1)
+    _close(y, (x.sin() * 2).sum() + x)

@@ -46,6 +46,15 @@ class NeuronWrapperCodegen(PythonWrapperCodegen):
             return
         super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
 
+    def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
+        # Inductor writes device='neuron' (the current device) and emits no
+        # device guard for non-GPU devices: name the index, so a graph on
+        # neuron:1 allocates there whatever the current device is.
+        line = super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
+        if device.type == "neuron" and device.index is not None:
+            line = line.replace("device='neuron'", f"device='neuron:{device.index}'")
+        return line
+
 
 class NeuronSubgraphWrapperCodegen(SubgraphPythonWrapperCodegen):
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
