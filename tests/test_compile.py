@@ -1,0 +1,289 @@
+"""torch.compile(backend="neuron"): compiled neuron against eager neuron and the CPU.
+
+Inductor's C++ compiles are slow on a small machine, so the models are tiny
+and each is compiled once per test. Kernels land in Inductor's on-disk cache
+(TORCHINDUCTOR_CACHE_DIR), so a second run of this file is much faster.
+"""
+import copy
+import os
+import sys
+import time
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchneuron  # noqa: F401
+import torchneuron.compile as tnc
+from neuron_testing import run_python
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+import gpt_model as gm  # noqa: E402
+
+RTOL = 1e-5
+DEV = torch.device("neuron")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    tnc.backend.stats.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(a, b, rtol=RTOL, atol=1e-6):
+    torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=rtol, atol=atol)
+
+
+def _train(model, inputs, targets, steps, loss_fn, compiled=False, compile_opt=False, **compile_kw):
+    """A few optimizer steps; returns the losses (floats) and the final parameters."""
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01) if compile_opt else \
+        torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def forward_loss(x, y):
+        return loss_fn(model(x), y)
+
+    fn = torch.compile(forward_loss, backend="neuron", **compile_kw) if compiled else forward_loss
+    opt_step = torch.compile(opt.step, backend="neuron") if compiled and compile_opt else opt.step
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = fn(inputs, targets)
+        loss.backward()          # the compiled backward graph (AOTAutograd)
+        opt_step()
+        losses.append(loss.detach())
+    return [float(l) for l in losses], [p.detach().cpu() for p in model.parameters()]
+
+
+def _three_way(make_model, x, y, loss_fn, steps=3, compile_opt=False, **compile_kw):
+    """Training losses and parameters: compiled neuron vs eager neuron vs CPU."""
+    torch.manual_seed(0)
+    base = make_model()
+    cpu_losses, cpu_params = _train(copy.deepcopy(base), x, y, steps, loss_fn, compile_opt=compile_opt)
+    eager_losses, eager_params = _train(copy.deepcopy(base).to(DEV), x.to(DEV), y.to(DEV), steps, loss_fn,
+                                        compile_opt=compile_opt)
+    comp_losses, comp_params = _train(copy.deepcopy(base).to(DEV), x.to(DEV), y.to(DEV), steps, loss_fn,
+                                      compiled=True, compile_opt=compile_opt, **compile_kw)
+    assert eager_losses == cpu_losses  # eager neuron runs the CPU's kernels: bit for bit
+    for c, e in zip(comp_losses, eager_losses):
+        assert c == pytest.approx(e, rel=RTOL)
+    # parameters: AdamW normalises near-zero gradients, where float32 rounding
+    # differences of ~1e-9 become update differences of ~lr * 1e-3
+    for c, e in zip(comp_params, eager_params):
+        _close(c, e, rtol=1e-4, atol=1e-4)
+    return comp_losses
+
+
+# ------------------------------------------------------------------ models
+
+def test_mlp_forward_and_training():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    make = lambda: nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 5))  # noqa: E731
+    # forward, inference
+    model = make()
+    m = copy.deepcopy(model).to(DEV)
+    with torch.no_grad():
+        out = torch.compile(m, backend="neuron")(x.to(DEV))
+        assert out.device.type == "neuron"
+        _close(out, model(x))
+    _three_way(make, x, y, F.cross_entropy)
+    ops = torchneuron.get_executed_ops()
+    assert any(k.startswith("compiled::cpp_fused") for k in ops), ops
+
+
+def test_conv_net_training():
+    class ConvNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4 * 4 * 4, 3)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+            return self.fc(x.flatten(1))
+
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
+    _three_way(ConvNet, x, y, F.cross_entropy, steps=2)
+
+
+def test_gpt_training_fullgraph():
+    cfg = gm.GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, d_model=16)
+    torch.manual_seed(0)
+    idx = torch.randint(0, 16, (2, 8))
+    tgt = torch.randint(0, 16, (2, 8))
+
+    class WithLoss(nn.Module):  # the demo model (GPT: embeddings, a Block, tied head), loss inside
+        def __init__(self):
+            super().__init__()
+            self.gpt = gm.GPT(cfg, generator=torch.Generator().manual_seed(0))
+
+        def forward(self, i):
+            return self.gpt(i)[0]
+
+    loss_fn = lambda logits, t: F.cross_entropy(logits.reshape(-1, logits.size(-1)), t.reshape(-1))  # noqa
+    # forward + backward fullgraph, and the AdamW step compiled too
+    _three_way(WithLoss, idx, tgt, loss_fn, steps=2, compile_opt=True, fullgraph=True)
+
+
+# ------------------------------------------------------------------ Dynamo features
+
+def test_graph_break_and_recompile_on_new_shape():
+    def f(x):
+        y = torch.sin(x) * 2
+        torch._dynamo.graph_break()
+        return y + x.cos()
+
+    cf = torch.compile(f, backend="neuron")
+    for n in (8, 8, 12):
+        x = torch.randn(n)
+        _close(cf(x.to(DEV)), f(x))
+    # two graphs for the first shape; the new shape recompiles both (automatic
+    # dynamic shapes then compile them once more with a symbolic size)
+    assert tnc.backend.stats["graphs"] == 4, dict(tnc.backend.stats)
+    x = torch.randn(20)
+    _close(cf(x.to(DEV)), f(x))
+    assert tnc.backend.stats["graphs"] == 4, "the dynamic graphs were not reused"
+
+
+def test_dynamic_true_one_compilation():
+    def f(x, w):
+        return torch.relu(x @ w).sum(dim=0) + x.mean()
+
+    cf = torch.compile(f, backend="neuron", dynamic=True)
+    w = torch.randn(6, 3)
+    for n in (5, 9, 17):
+        x = torch.randn(n, 6)
+        _close(cf(x.to(DEV), w.to(DEV)), f(x, w), rtol=1e-5, atol=1e-5)
+    assert tnc.backend.stats["graphs"] == 1
+
+
+def test_set_default_backend():
+    prev = torch.compiler.get_default_backend()
+    torch.compiler.set_default_backend("neuron")
+    try:
+        x = torch.randn(7)
+        _close(torch.compile(lambda t: t * 3 + 1)(x.to(DEV)), x * 3 + 1)
+        assert tnc.backend.stats["graphs"] == 1
+    finally:
+        torch.compiler.set_default_backend(prev)
+
+
+@pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
+def test_modes(mode):
+    def f(x, w):
+        return F.gelu(x @ w) + 1
+
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    cf = torch.compile(f, backend="neuron", mode=mode)
+    for _ in range(2):
+        _close(cf(x.to(DEV), w.to(DEV)), f(x, w), atol=1e-5)
+    assert tnc.backend.stats["graphs"] == 1
+
+
+def test_fallback_execution_and_clear_error(monkeypatch):
+    import torch._inductor.compile_fx as cfx
+
+    def broken(*a, **k):
+        raise ValueError("injected compiler failure")
+
+    monkeypatch.setattr(cfx, "compile_fx", broken)
+    x = torch.randn(5)
+    with pytest.raises(Exception, match=r"failed to compile graph \d+ .*injected compiler failure"):
+        torch.compile(lambda t: t.exp(), backend="neuron")(x.to(DEV))
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        out = torch.compile(lambda t: t.exp(), backend="neuron", options={"fallback_execution": True})(x.to(DEV))
+    _close(out, x.exp())
+    assert any("running it eagerly" in str(m.message) for m in w)
+
+
+def test_cpu_input_is_a_clear_error():
+    w = torch.randn(4, 4, device=DEV)
+    x = torch.randn(2, 4)
+    # mixing devices in one operator: Dynamo's own error names both devices
+    with pytest.raises(Exception, match="cpu and neuron"):
+        torch.compile(lambda t: t @ w, backend="neuron")(x)
+    # a CPU input copied inside the graph: refused unless the user opts in
+    f = lambda t: t.to(DEV) @ w  # noqa: E731
+    with pytest.raises(Exception, match=r"input \d+ of graph \d+ .*is a CPU tensor"):
+        torch.compile(f, backend="neuron")(x)
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="neuron", options={"allow_cpu_inputs": True})(x)
+    _close(out, x @ w.cpu())
+
+
+# ------------------------------------------------------------------ streams, random
+
+def test_stream_order_and_asynchrony():
+    s = torch.neuron.Stream()
+    a = torch.randn(256, 256, device=DEV)
+    f = torch.compile(lambda x: (x * 2).relu() + 1, backend="neuron")
+    f(a)  # compile outside the measured part
+    torch.neuron.synchronize()
+    with torch.neuron.stream(s):
+        b = a @ a @ a          # queued eager work producing the input
+        c = f(b)               # compiled kernels queued after it, same stream
+        d = c.sum()
+    ref = ((a.cpu() @ a.cpu() @ a.cpu()) * 2).relu() + 1
+    s.synchronize()
+    _close(c, ref, rtol=1e-4, atol=1e-3)
+    _close(d, ref.sum(), rtol=1e-4, atol=1e-1)
+
+
+def test_random_ops_use_the_device_generator():
+    f = torch.compile(lambda x: x + torch.rand_like(x), backend="neuron")
+    x = torch.zeros(1000, device=DEV)
+    cpu_state = torch.get_rng_state()
+    torch.neuron.manual_seed(3)
+    a = f(x)
+    torch.neuron.manual_seed(3)
+    b = f(x)
+    c = f(x)
+    assert torch.equal(torch.get_rng_state(), cpu_state), "the CPU generator was used"
+    assert torch.equal(a.cpu(), b.cpu())          # reproducible per device seed
+    assert not torch.equal(b.cpu(), c.cpu())      # and the device generator advances
+    assert 0.4 < float(a.mean()) < 0.6
+
+
+# ------------------------------------------------------------------ on-disk cache
+
+_CACHE_SCRIPT = """
+import time, torch, torchneuron, torchneuron.compile
+from torch._dynamo.utils import counters
+f = torch.compile(lambda x: (x.sin() * 3).sum(dim=1), backend="neuron")
+x = torch.arange(12.0, device="neuron").view(3, 4)
+t0 = time.perf_counter(); y = f(x); torch.neuron.synchronize(); t = time.perf_counter() - t0
+assert torch.allclose(y.cpu(), (torch.arange(12.0).view(3, 4).sin() * 3).sum(dim=1))
+print("RESULT", t, counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"])
+"""
+
+
+def test_second_process_reuses_the_cache(tmp_path):
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
+    results = []
+    for _ in range(2):
+        p = run_python(_CACHE_SCRIPT, env=env, timeout=300)
+        assert p.returncode == 0, p.stderr[-3000:]
+        line = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][-1].split()
+        results.append((float(line[1]), int(line[2]), int(line[3])))
+    (cold, hit0, miss0), (warm, hit1, miss1) = results
+    print(f"first compile {cold:.2f} s (cache misses {miss0}), second process {warm:.2f} s (hits {hit1})")
+    assert miss0 >= 1 and hit1 >= 1 and miss1 == 0
+    assert warm < cold
+
+
+def test_graph_on_second_device():
+    if torch.neuron.device_count() < 2:
+        pytest.skip("one neuron device")
+    x = torch.randn(6)
+    f = torch.compile(lambda t: (t.sin() * 2).sum() + t, backend="neuron")
+    y = f(x.to("neuron:1"))   # the current device stays neuron:0
+    assert y.device == torch.device("neuron", 1)
+    _close(y, (x.sin() * 2).sum() + x)

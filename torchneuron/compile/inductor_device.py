@@ -1,0 +1,137 @@
+"""Inductor's view of the ``neuron`` device.
+
+Kernels: Inductor's C++ CPU code generator (``CppScheduling``) unchanged. The
+kernels it generates take raw pointers, and a ``neuron`` tensor's
+``data_ptr()`` is host-addressable device memory.
+
+Wrapper: Inductor's Python wrapper, with one change: where the CPU wrapper
+calls a C++ kernel directly, ours queues the call as a device task on the
+current stream (:mod:`torchneuron.compile.launch`). Buffers are allocated with
+``empty_strided(..., device='neuron')`` (the stream-ordered caching
+allocator), and extern kernels (``mm``, convolutions, fallbacks) are ordinary
+asynchronous ``neuron`` operators. ``neuron`` is not one of Inductor's GPU
+types, so Triton is never involved.
+"""
+from __future__ import annotations
+
+from torch._inductor.codegen.common import (
+    DeviceOpOverrides,
+    get_scheduling_for_device,
+    register_backend_for_device,
+    register_device_op_overrides,
+)
+from torch._inductor.codegen.cpp import CppScheduling
+from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.virtualized import V
+
+_LAUNCH_IMPORT = "from torchneuron.compile.launch import launch as neuron_launch"
+
+
+class NeuronWrapperCodegen(PythonWrapperCodegen):
+    @staticmethod
+    def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
+        if is_subgraph:
+            return NeuronSubgraphWrapperCodegen(subgraph_name, parent_wrapper, partition_signatures)
+        return NeuronWrapperCodegen()
+
+    def write_header(self) -> None:
+        super().write_header()
+        self.imports.writeline(_LAUNCH_IMPORT)
+
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+        device = device or V.graph.get_current_device_or_throw()
+        if not triton and device.type == "neuron":
+            args = ", ".join(str(a) for a in call_args)
+            self.writeline(f"neuron_launch({kernel_name}, {kernel_name!r}{', ' if args else ''}{args})")
+            return
+        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+    def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
+        # Inductor writes device='neuron' (the current device) and emits no
+        # device guard for non-GPU devices: name the index, so a graph on
+        # neuron:1 allocates there whatever the current device is.
+        line = super().make_allocation(name, device, dtype, shape, stride, allocation_shape, is_pinned)
+        if device.type == "neuron" and device.index is not None:
+            line = line.replace("device='neuron'", f"device='neuron:{device.index}'")
+        return line
+
+
+class NeuronSubgraphWrapperCodegen(SubgraphPythonWrapperCodegen):
+    def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
+        device = device or V.graph.get_current_device_or_throw()
+        if not triton and device.type == "neuron":
+            self.imports.writeline(_LAUNCH_IMPORT)
+            args = ", ".join(str(a) for a in call_args)
+            self.writeline(f"neuron_launch({kernel_name}, {kernel_name!r}{', ' if args else ''}{args})")
+            return
+        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+
+
+class NeuronDeviceOpOverrides(DeviceOpOverrides):
+    """What the wrapper writes for device management (no raw streams: kernels
+    are queued on the current stream by ``neuron_launch``)."""
+
+    def import_get_raw_stream_as(self, name: str) -> str:
+        return f"def {name}(_):\n    return 0\n"
+
+    def set_device(self, device_idx: int) -> str:
+        return f"torch.neuron.set_device({device_idx})"
+
+    def synchronize(self) -> str:
+        return "torch.neuron.synchronize()"
+
+    def device_guard(self, device_idx: int) -> str:
+        return f"torch.neuron.device({device_idx})"
+
+    def cpp_kernel_type(self) -> str:
+        return "void*"
+
+
+def _treat_neuron_as_cpp_device() -> None:
+    """Inductor gates its C++-backend heuristics on "is this node on the CPU?"
+    (``BaseSchedulerNode.is_cpu`` and ``ir.is_cpu``): loop reindexing and
+    loop-order inversion in fusion, which assume SIMD (Triton) kernel groups,
+    are skipped, and realisation thresholds are the CPU's. Our kernels are
+    that C++ backend's, so ``neuron`` nodes answer as the CPU does. Nothing
+    else in Inductor (allocation, mkldnn passes, GEMM templates) sees this."""
+    from torch._inductor import ir, scheduler
+
+    if getattr(scheduler.BaseSchedulerNode.is_cpu, "_neuron", False):
+        return
+
+    def node_is_cpu(self) -> bool:
+        device = self.get_device()
+        return device is not None and device.type in ("cpu", "neuron")
+
+    node_is_cpu._neuron = True
+    scheduler.BaseSchedulerNode.is_cpu = node_is_cpu
+
+    def ir_is_cpu(x) -> bool:
+        return ir.get_device_type(x) in ("cpu", "neuron")
+
+    ir.is_cpu = ir_is_cpu
+
+    # The code-generation backend Inductor names for the current device:
+    # "cpp" (config.cpu_backend) for neuron, not config.cuda_backend.
+    from torch._inductor import config, utils
+    from torch._inductor.codegen import common
+
+    original = utils.get_current_backend
+
+    def get_current_backend(device_type=None):
+        if not device_type:
+            device_type = V.graph.get_current_device_or_throw().type
+        if device_type == "neuron":
+            return config.cpu_backend
+        return original(device_type)
+
+    for module in (utils, common, scheduler):
+        if getattr(module, "get_current_backend", None) is original:
+            module.get_current_backend = get_current_backend
+
+
+def register() -> None:
+    _treat_neuron_as_cpp_device()
+    if get_scheduling_for_device("neuron") is None:
+        register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen)
+    register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
