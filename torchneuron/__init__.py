@@ -21,8 +21,8 @@ from ._registration import register as _register
 
 _register()
 
-from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops  # noqa: E402
+from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops, get_fused_ops  # noqa: E402
 from .nki import nki_op  # noqa: E402
 from . import compile as _compile  # noqa: E402,F401  (registers torch.compile's "neuron" backend)
 
-__all__ = ["get_executed_ops", "get_fallback_ops", "clear_op_tracking", "nki_op"]
+__all__ = ["get_executed_ops", "get_fallback_ops", "get_fused_ops", "clear_op_tracking", "nki_op"]

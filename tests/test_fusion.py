@@ -1,0 +1,176 @@
+"""Adaptive eager execution: fusion of queued element-wise work.
+
+The fuzzer runs random element-wise programs with fusion on, with fusion off,
+and on the CPU: on and off must agree bit for bit, and the CPU within
+PyTorch's default tolerances. Other tests show that fusion happens on typical
+chains and not where it must not."""
+import random
+
+import pytest
+import torch
+
+import torchneuron
+
+N = 256  # programs work on N x N tensors: large enough to fuse
+
+
+@pytest.fixture
+def fusion():
+    yield lambda on: torchneuron._C._set_adaptive_eager(on)
+    torchneuron._C._set_adaptive_eager(True)
+
+
+def _busy(device="neuron"):
+    """Queues slow work first, so what follows waits in the queue and can fuse."""
+    a = torch.ones(384, 384, device=device)
+    for _ in range(2):
+        a = a @ a / 384
+
+
+UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.neg, torch.abs, torch.nn.functional.gelu,
+         torch.nn.functional.silu, torch.square, lambda x: torch.exp(x.clamp(-5, 5)), lambda x: torch.sqrt(x.abs())]
+BINARY = [torch.add, torch.sub, torch.mul, lambda a, b: a / (b.abs() + 1), torch.maximum, torch.minimum,
+          lambda a, b: torch.where(a > b, a, b), lambda a, b: a.lerp(b, 0.3)]
+SCALAR = [lambda x: x + 0.5, lambda x: x * 1.5, lambda x: 2.0 - x, lambda x: x.clamp(-1, 1)]
+IN_PLACE = [lambda x, y: x.add_(y), lambda x, y: x.mul_(0.9), lambda x, y: x.addcmul_(y, y, value=0.1),
+            lambda x, y: x.clamp_(-2, 2)]
+
+
+def _program(seed):
+    rng = random.Random(seed)
+    dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16])
+    steps = [(rng.random(), rng.randrange(1000), rng.randrange(1000), rng.random()) for _ in range(rng.randint(4, 10))]
+    layout = rng.choice(["contiguous", "contiguous", "transposed", "strided", "broadcast"])
+    grad = dtype == torch.float32 and rng.random() < 0.3
+
+    def inputs(device):
+        g = torch.Generator().manual_seed(seed)
+        xs = [torch.randn(N, N, generator=g).to(dtype) for _ in range(3)]
+        if layout == "transposed":
+            xs[1] = xs[1].t()
+        elif layout == "strided":
+            xs[2] = torch.randn(N, 2 * N, generator=g).to(dtype)[:, ::2]
+        elif layout == "broadcast":
+            xs[2] = torch.randn(N, 1, generator=g).to(dtype)
+        out = [x.to(device) for x in xs]
+        if grad:
+            out = [x.detach().requires_grad_() for x in out]
+        return out
+
+    def run(xs):
+        pool = [x * 1 for x in xs]  # work on copies: leaves stay untouched
+        keep = []
+        for kind, i, j, r in steps:
+            a, b = pool[i % len(pool)], pool[j % len(pool)]
+            if kind < 0.3:
+                y = UNARY[i % len(UNARY)](a)
+            elif kind < 0.65:
+                y = BINARY[j % len(BINARY)](a, b)  # may broadcast
+            elif kind < 0.85:
+                y = SCALAR[i % len(SCALAR)](a)
+            elif not grad and a.shape == b.shape:
+                y = IN_PLACE[j % len(IN_PLACE)](a, b)
+            else:
+                y = a * b if a.shape == b.shape else a + 1
+            if r < 0.3:
+                keep.append(y)  # the program still holds some intermediates
+            pool.append(y)
+        out = pool[-1].float().sum() + sum(k.float().sum() for k in keep)
+        grads = torch.autograd.grad(out, xs, allow_unused=True, materialize_grads=True) if grad else ()
+        return [pool[-1], *keep, *grads]
+
+    return inputs, run
+
+
+def _bits_equal(a, b):
+    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_fuzz_fused_equals_unfused_bitwise_and_cpu(fusion):
+    torchneuron.clear_op_tracking()
+    programs = 600
+    for seed in range(programs):
+        inputs, run = _program(seed)
+        results = {}
+        for on in (True, False):
+            fusion(on)
+            _busy()
+            results[on] = [t.detach().cpu() for t in run(inputs("neuron"))]
+        cpu = run(inputs("cpu"))
+        for a, b, c in zip(results[True], results[False], cpu):
+            _bits_equal(a, b)
+            torch.testing.assert_close(a, c.detach(), equal_nan=True)
+    assert torchneuron._C._fused_groups() > programs // 4, "the fuzzer hardly exercised fusion"
+
+
+def test_fusion_happens_on_typical_chains(fusion):
+    x = torch.randn(N, N, device="neuron")
+    a, c = torch.randn_like(x), torch.randn_like(x)
+
+    torchneuron.clear_op_tracking()
+    _busy()
+    y = torch.nn.functional.gelu(x * a + c)  # GELU of an element-wise affine map
+    assert torchneuron._C._fused_groups() == 1
+    assert set(torchneuron._C.get_fused_ops()) == {"aten::mul.out", "aten::add.out", "aten::gelu.out"}
+    fusion(False)
+    _busy()
+    _bits_equal(y, torch.nn.functional.gelu(x * a + c))
+
+
+def test_adamw_for_loop_update_fuses_and_matches(fusion):
+    def step(on):
+        fusion(on)
+        torch.manual_seed(0)
+        p = torch.nn.Parameter(torch.randn(N, N, device="neuron"))
+        opt = torch.optim.AdamW([p], lr=1e-2, foreach=False)
+        for _ in range(3):
+            p.grad = torch.ones_like(p) * 0.1
+            _busy()
+            opt.step()
+        return p.detach().cpu()
+
+    torchneuron.clear_op_tracking()
+    fused = step(True)
+    assert torchneuron._C._fused_groups() >= 1
+    _bits_equal(fused, step(False))
+
+
+def test_no_fusion_across_a_read_or_overlapping_views(fusion):
+    x = torch.randn(N * N + 1, device="neuron")
+    torchneuron.clear_op_tracking()
+    _busy()
+    y = x[1:] * 2
+    z = x[:-1] + y  # overlaps x[1:] at a shift: must not fuse with the mul
+    assert torchneuron._C._fused_groups() == 0
+    expected = x.cpu()[:-1] + x.cpu()[1:] * 2
+    _bits_equal(z, expected)
+
+    _busy()
+    a = x[: N * N] * 3
+    a.sum().item()  # a read ends the window
+    b = a + 1
+    assert torchneuron._C._fused_groups() == 0
+    _bits_equal(b, x.cpu()[: N * N] * 3 + 1)
+
+
+def test_deterministic_mode_turns_fusion_off():
+    x = torch.randn(N, N, device="neuron")
+    torchneuron.clear_op_tracking()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert not torchneuron._C._adaptive_eager_enabled()
+        _busy()
+        (x * 2 + 1).relu()
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert torchneuron._C._fused_groups() == 0
+
+
+def test_error_in_fused_member_names_it(fusion):
+    x = torch.randn(N, N, device="neuron")
+    idx = torch.tensor([0, 10**6], device="neuron")
+    _busy()
+    y = x * 2 + 1
+    bad = torch.index_select(y.view(-1), 0, idx)  # not element-wise: its own task
+    with pytest.raises(RuntimeError, match="index_select"):
+        bad.cpu()
