@@ -93,6 +93,7 @@ def machine() -> dict:
         "neuron_devices": torch.neuron.device_count(),
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "loadavg_start": list(os.getloadavg()),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 

@@ -106,7 +106,9 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         s.append("> **Smoke run** (tiny sizes, few repeats): the figures below mean nothing.\n")
     s.append(f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores ({m['usable_cores']} usable), "
              f"PyTorch {m['torch_version']} ({m['torch_num_threads']} intra-op threads), "
-             f"{m['neuron_devices']} emulated NeuronCores. Date: {m['date']}. "
+             f"{m['neuron_devices']} emulated NeuronCores. Date: {m['date']}. Load average (1 min) at start / end: "
+             f"{m['loadavg_start'][0]:.1f} / {res.get('loadavg_end', [float('nan')])[0]:.1f} (a shared machine: "
+             "other processes compete for the cores). "
              f"Suite time: {res['elapsed_s']:.0f} s. Command: `.venv/bin/python benchmarks/run.py"
              f"{' --smoke' if smoke else ''}`. Every figure is a median over {res['config']['repeats']} "
              "repeats (devices alternating, same process); all figures are in `results.json`.\n")
@@ -196,7 +198,7 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                  f"{c['host_issue_s'] / c['completed_s']:.0%} of the completed step time issuing.\n")
         s.append("\ncProfile (Python side, per step; builtins are the calls into ATen/the extension):\n\n")
         s.append(_table(["function", "calls/step", "own time/step", "share"],
-                        [(f"`{r['function']}`", f"{r['calls_per_step']:.0f}", fmt_time(r["own_s"]),
+                        [(f"`{r['function']}`", f"{r['calls_per_step']:g}", fmt_time(r["own_s"]),
                           f"{r['own_fraction']:.0%}") for r in p["cprofile_top"][:10]]))
         if p.get("perf_top"):
             s.append("\n`perf record` of the whole process during 10 steps (own samples, all threads):\n\n")

@@ -50,6 +50,7 @@ def main(argv=None) -> dict:
             mod = GROUPS[name]
             results[name] = mod.run(cfg, bar, results["limits"]) if mod is large_ops else mod.run(cfg, bar)
     results["elapsed_s"] = time.perf_counter() - t0
+    results["loadavg_end"] = list(os.getloadavg())
     results["targets"] = report.targets(results)
 
     with open(os.path.join(args.out, "results.json"), "w") as f:
