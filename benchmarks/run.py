@@ -33,7 +33,13 @@ def main(argv=None) -> dict:
                    help="run only this group (repeatable); the machine limits always run")
     p.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)),
                    help="directory for RESULTS.md, results.json and the plots")
+    p.add_argument("--from-json", action="store_true",
+                   help="only re-render RESULTS.md and the plots from OUT/results.json")
     args = p.parse_args(argv)
+    if args.from_json:
+        with open(os.path.join(args.out, "results.json")) as f:
+            results = json.load(f)
+        return write_report(results, args.out)
     cfg = Config(smoke=args.smoke)
     selected = args.only or list(GROUPS)
     os.makedirs(args.out, exist_ok=True)
@@ -55,11 +61,16 @@ def main(argv=None) -> dict:
 
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
-    plots = report.plots(results, args.out)
-    with open(os.path.join(args.out, "RESULTS.md"), "w") as f:
+    write_report(results, args.out)
+    print(f"wrote {args.out}/results.json in {results['elapsed_s']:.0f} s")
+    return results
+
+
+def write_report(results: dict, out: str) -> dict:
+    plots = report.plots(results, out)
+    with open(os.path.join(out, "RESULTS.md"), "w") as f:
         f.write(report.markdown(results, plots))
-    print(f"wrote {args.out}/RESULTS.md, results.json and {len(plots)} plots "
-          f"in {results['elapsed_s']:.0f} s")
+    print(f"wrote {out}/RESULTS.md and {len(plots)} plots")
     return results
 
 
