@@ -1,0 +1,211 @@
+"""Turns results into the targets table, PNG plots and RESULTS.md."""
+
+from __future__ import annotations
+
+import os
+
+from .common import fmt_bytes, fmt_time
+
+TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX = 1.5, 0.95, 1.0, 1.3
+ANALYSIS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
+
+
+def targets(res: dict) -> list[dict]:
+    rows = []
+
+    def add(group, name, figure, value, threshold, ok):
+        rows.append({"group": group, "name": name, "figure": figure, "value": value,
+                     "threshold": threshold, "met": bool(ok)})
+
+    for op, r in res.get("tiny_ops", {}).get("ops", {}).items():
+        add("tiny ops", op, "neuron completed time / CPU time per op", r["ratio_completed"],
+            f"<= {TINY_MAX}", r["ratio_completed"] <= TINY_MAX)
+    for op, r in res.get("large_ops", {}).items():
+        add("large ops", op, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {LARGE_MIN}",
+            r["speed_vs_cpu"] >= LARGE_MIN)
+    for w in ("gpt_train_step", "resnet18_train_step"):
+        if w in res.get("end_to_end", {}):
+            r = res["end_to_end"][w]
+            add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
+                r["speed_vs_cpu"] >= E2E_MIN)
+    for w, r in res.get("memory", {}).items():
+        add("memory", w, "max_memory_reserved / max_memory_allocated", r["reserved_over_allocated"],
+            f"<= {RESERVED_MAX}", r["reserved_over_allocated"] <= RESERVED_MAX)
+    return rows
+
+
+# -- plots ---------------------------------------------------------------------------
+
+def plots(res: dict, out: str) -> list[str]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+
+    def save(fig, name):
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, name), dpi=110)
+        plt.close(fig)
+        made.append(name)
+
+    if "tiny_ops" in res:
+        ops = res["tiny_ops"]["ops"]
+        names = list(ops)
+        fig, ax = plt.subplots(figsize=(9, 4))
+        w = 0.27
+        for i, (key, label) in enumerate((("cpu_s", "CPU"), ("neuron_enqueue_s", "neuron enqueue"),
+                                          ("neuron_completed_s", "neuron completed"))):
+            ax.bar([j + (i - 1) * w for j in range(len(names))], [ops[n][key] * 1e6 for n in names], w,
+                   label=label)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_yscale("log")
+        ax.set_ylabel("time per operator (us, log)")
+        ax.set_title("Tiny tensors: time per operator")
+        ax.legend()
+        save(fig, "tiny_ops.png")
+
+    def ratio_plot(group, name, title, line):
+        data = res[group]
+        names = [n for n in data if "speed_vs_cpu" in data[n]]
+        fig, ax = plt.subplots(figsize=(9, 4))
+        vals = [data[n]["speed_vs_cpu"] for n in names]
+        ax.bar(names, vals, color=["tab:green" if v >= line else "tab:red" for v in vals])
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.axhline(line, color="gray", ls="--", lw=0.8, label=f"target {line}")
+        ax.set_ylabel("neuron speed / CPU speed")
+        ax.set_title(title)
+        ax.tick_params(axis="x", rotation=20)
+        ax.legend()
+        save(fig, name)
+
+    if "large_ops" in res:
+        ratio_plot("large_ops", "large_ops.png", "Large operators: neuron vs CPU (higher is better)", LARGE_MIN)
+    if "end_to_end" in res:
+        ratio_plot("end_to_end", "end_to_end.png", "End to end: neuron vs CPU (higher is better)", E2E_MIN)
+    return made
+
+
+# -- markdown ------------------------------------------------------------------------
+
+def _table(header, rows) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _met(ok) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+def markdown(res: dict, plot_files: list[str]) -> str:
+    m, lim = res["machine"], res["limits"]
+    smoke = res["config"]["smoke"]
+    s = ["# Benchmarks: `neuron` against the CPU backend\n"]
+    if smoke:
+        s.append("> **Smoke run** (tiny sizes, few repeats): the figures below mean nothing.\n")
+    s.append(f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores ({m['usable_cores']} usable), "
+             f"PyTorch {m['torch_version']} ({m['torch_num_threads']} intra-op threads), "
+             f"{m['neuron_devices']} emulated NeuronCores. Date: {m['date']}. Load average (1 min) at start / end: "
+             f"{m['loadavg_start'][0]:.1f} / {res.get('loadavg_end', [float('nan')])[0]:.1f} (a shared machine: "
+             "other processes compete for the cores). "
+             f"Suite time: {res['elapsed_s']:.0f} s. Command: `.venv/bin/python benchmarks/run.py"
+             f"{' --smoke' if smoke else ''}`. Every figure is a median over {res['config']['repeats']} "
+             "repeats (devices alternating, same process); all figures are in `results.json`.\n")
+
+    s.append("## Targets (issue 3)\n")
+    rows = [(t["group"], t["name"], t["figure"], f"{t['value']:.2f}", t["threshold"], _met(t["met"]))
+            for t in res["targets"]]
+    s.append(_table(["group", "benchmark", "figure", "measured", "target", ""], rows))
+    by_group = {}
+    for t in res["targets"]:
+        by_group.setdefault(t["group"], []).append(t["met"])
+    s.append("Summary: " + "; ".join(f"{g}: {sum(v)}/{len(v)} met" for g, v in by_group.items()) + ".\n")
+
+    s.append("## Machine limits (CPU backend)\n")
+    tr, mm = lim["triad"], lim["matmul"]
+    s.append(f"* Memory bandwidth, STREAM triad on {tr['elements'] // 2**20}M float32 "
+             f"({fmt_bytes(tr['bytes'])} moved per call): **{tr['gbytes_per_s']:.1f} GB/s** best "
+             f"({tr['gbytes_per_s_median']:.1f} GB/s median).\n"
+             f"* float32 matmul {mm['n']}x{mm['n']}: **{mm['gflops']:.0f} GFLOP/s** best "
+             f"({mm['gflops_median']:.0f} median).\n")
+
+    if "tiny_ops" in res:
+        t = res["tiny_ops"]
+        s.append(f"## Tiny operators\n\nPer call, from {t['calls_per_sample']} calls in a Python loop on "
+                 "tensors of 8 elements (mm: 16x16). *Enqueue*: the host returned from the calls; "
+                 "*completed*: calls + synchronize.\n")
+        rows = [(n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_enqueue_s"]), fmt_time(r["neuron_completed_s"]),
+                 f"{r['ratio_enqueue']:.2f}x", f"{r['ratio_completed']:.2f}x") for n, r in t["ops"].items()]
+        s.append(_table(["op", "CPU", "neuron enqueue", "neuron completed", "enqueue/CPU", "completed/CPU"],
+                        rows))
+        if "tiny_ops.png" in plot_files:
+            s.append("\n![tiny ops](tiny_ops.png)\n")
+
+    if "large_ops" in res:
+        s.append("## Large operators\n\nOne call from an idle device, to completion. Fraction of the "
+                 "limit: bandwidth-bound ops against the triad, compute-bound ones against the matmul peak.\n")
+        rows = []
+        for n, r in res["large_ops"].items():
+            if "bytes" in r:
+                frac = f"{r['cpu_fraction_of_bandwidth']:.0%} / {r['neuron_fraction_of_bandwidth']:.0%} of BW"
+            else:
+                frac = f"{r['cpu_fraction_of_peak']:.0%} / {r['neuron_fraction_of_peak']:.0%} of peak"
+            rows.append((n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}", frac))
+        s.append(_table(["op", "CPU", "neuron", "neuron speed / CPU", "CPU / neuron fraction of limit"], rows))
+        if "large_ops.png" in plot_files:
+            s.append("\n![large ops](large_ops.png)\n")
+
+    if "end_to_end" in res:
+        e = res["end_to_end"]
+        s.append("## End to end (eager)\n")
+        g, rn = e["gpt_train_step"]["model"], e["resnet18_train_step"]["model"]
+        s.append(f"* `gpt_train_step`: the demo GPT (examples/gpt_model.py; {g['n_params'] / 1e6:.2f}M "
+                 f"parameters, {g['n_layer']} layers, d_model {g['d_model']}, context {g['block_size']}, "
+                 f"batch {g['batch']}): forward, backward, gradient clipping, AdamW (foreach).\n"
+                 f"* `resnet18_train_step`: ResNet-18 in plain torch.nn ({rn['n_params'] / 1e6:.1f}M parameters), "
+                 f"batch {rn['batch']} of 3x{rn['hw']}x{rn['hw']}, cross-entropy, SGD with momentum.\n"
+                 "* `gpt_infer_batch1_token`: the GPT on one sequence, one forward per token, the next "
+                 "token read back to the host (argmax + `.item()`): latency-bound.\n")
+        rows = [(n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}")
+                for n, r in e.items()]
+        s.append(_table(["workload", "CPU per step/token", "neuron per step/token", "neuron speed / CPU"], rows))
+        if "end_to_end.png" in plot_files:
+            s.append("\n![end to end](end_to_end.png)\n")
+
+    if "memory" in res:
+        s.append("## Memory\n\nPeak over building the model and running a few steps. neuron: the device "
+                 "allocator (after `empty_cache` and `reset_peak_memory_stats`). CPU: growth of the "
+                 "process's peak resident set (VmHWM reset through /proc/self/clear_refs, after "
+                 "malloc_trim; page-granular, counts allocator slack and Python objects too).\n")
+        rows = [(n, fmt_bytes(r["cpu_peak_bytes"]), fmt_bytes(r["neuron_peak_allocated_bytes"]),
+                 fmt_bytes(r["neuron_peak_reserved_bytes"]), f"{r['reserved_over_allocated']:.2f}")
+                for n, r in res["memory"].items()]
+        s.append(_table(["workload", "CPU peak RSS growth", "neuron max allocated", "neuron max reserved",
+                         "reserved / allocated"], rows))
+
+    if "profile" in res:
+        p = res["profile"]
+        c = p["components"]
+        s.append("## Where the time goes\n\nGPT training step on neuron, host path.\n")
+        s.append(f"* {c['ops_per_step']} device operators per step. Host issue time of a step (from an idle "
+                 f"device, not waiting): **{fmt_time(c['host_issue_s'])}**, i.e. "
+                 f"**{c['host_us_per_op']:.1f} us of host time per operator**; completed step: "
+                 f"{fmt_time(c['completed_s'])} (device tail after the host returned: "
+                 f"{fmt_time(c['device_tail_s'])}); the CPU backend's step: {fmt_time(c['cpu_step_s'])}.\n")
+        bound = "host" if c["host_issue_s"] > 0.7 * c["completed_s"] else "device"
+        s.append(f"* The step is **{bound}-bound**: the host spends "
+                 f"{c['host_issue_s'] / c['completed_s']:.0%} of the completed step time issuing.\n")
+        s.append("\ncProfile (Python side, per step; builtins are the calls into ATen/the extension):\n\n")
+        s.append(_table(["function", "calls/step", "own time/step", "share"],
+                        [(f"`{r['function']}`", f"{r['calls_per_step']:g}", fmt_time(r["own_s"]),
+                          f"{r['own_fraction']:.0%}") for r in p["cprofile_top"][:10]]))
+        if p.get("perf_top"):
+            s.append("\n`perf record` of the whole process during 10 steps (own samples, all threads):\n\n")
+            s.append(_table(["share", "thread", "library", "symbol"],
+                            [(f"{r['percent']:.1f}%", r["thread"], r["dso"], f"`{r['symbol'][:90]}`")
+                             for r in p["perf_top"]["top"][:15]]))
+    if not smoke and os.path.exists(ANALYSIS):
+        with open(ANALYSIS) as f:
+            s.append("\n" + f.read())
+    return "\n".join(s)

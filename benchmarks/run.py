@@ -1,0 +1,78 @@
+#!/usr/bin/env python
+"""Run the neuron-vs-CPU benchmark suite; write RESULTS.md, results.json, plots.
+
+    .venv/bin/python benchmarks/run.py                  # full run (~10 min)
+    .venv/bin/python benchmarks/run.py --smoke          # seconds, tiny sizes
+    .venv/bin/python benchmarks/run.py --only tiny_ops  # one group (limits always run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from benchmarks import end_to_end, large_ops, limits, memory, profile_host, report, tiny_ops  # noqa: E402
+from benchmarks.common import Config, machine  # noqa: E402
+
+GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end,
+          "memory": memory, "profile": profile_host}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, few repeats: seconds")
+    p.add_argument("--only", choices=sorted(GROUPS), action="append",
+                   help="run only this group (repeatable); the machine limits always run")
+    p.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)),
+                   help="directory for RESULTS.md, results.json and the plots")
+    p.add_argument("--from-json", action="store_true",
+                   help="only re-render RESULTS.md and the plots from OUT/results.json")
+    args = p.parse_args(argv)
+    if args.from_json:
+        with open(os.path.join(args.out, "results.json")) as f:
+            results = json.load(f)
+        return write_report(results, args.out)
+    cfg = Config(smoke=args.smoke)
+    selected = args.only or list(GROUPS)
+    os.makedirs(args.out, exist_ok=True)
+
+    torch.empty(1, device="neuron")  # initialise the device outside the timings
+    results = {"machine": machine(), "config": {"smoke": cfg.smoke, "repeats": cfg.repeats, "groups": selected}}
+    t0 = time.perf_counter()
+    total = limits.STEPS + sum(GROUPS[g].STEPS for g in selected)
+    with tqdm(total=total, unit="bench", dynamic_ncols=True) as bar:
+        bar.set_description("limits")
+        results["limits"] = limits.run(cfg, bar)
+        for name in selected:
+            bar.set_description(name)
+            mod = GROUPS[name]
+            results[name] = mod.run(cfg, bar, results["limits"]) if mod is large_ops else mod.run(cfg, bar)
+    results["elapsed_s"] = time.perf_counter() - t0
+    results["loadavg_end"] = list(os.getloadavg())
+    results["targets"] = report.targets(results)
+
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    write_report(results, args.out)
+    print(f"wrote {args.out}/results.json in {results['elapsed_s']:.0f} s")
+    return results
+
+
+def write_report(results: dict, out: str) -> dict:
+    plots = report.plots(results, out)
+    with open(os.path.join(out, "RESULTS.md"), "w") as f:
+        f.write(report.markdown(results, plots))
+    print(f"wrote {out}/RESULTS.md and {len(plots)} plots")
+    return results
+
+
+if __name__ == "__main__":
+    main()

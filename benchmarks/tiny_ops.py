@@ -1,0 +1,68 @@
+"""Per-operator cost on tiny tensors (a few elements).
+
+For each operator, N calls are issued in a Python loop. On neuron two times
+are taken from an idle device: the enqueue time (the host returned from the
+N calls; the device may still be working) and the completed time (N calls
+then synchronize). The CPU backend's time is the N calls. Reported per
+operator call: median over repeats, devices alternating.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .common import CPU, NEURON, Config, median, timed
+
+
+def _cases(device: torch.device) -> dict:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, generator=g).to(device)
+    y = torch.randn(8, generator=g).to(device)
+    idx = torch.tensor([0, 3, 5, 7]).to(device)
+    a = torch.randn(16, 16, generator=g).to(device)
+    b = torch.randn(16, 16, generator=g).to(device)
+    s = torch.randn(1, generator=g).to(device)
+    return {
+        "add": lambda: x + y,
+        "mul": lambda: x * y,
+        "relu": lambda: torch.relu(x),
+        "sum": lambda: x.sum(),
+        "index": lambda: x[idx],
+        "cat": lambda: torch.cat((x, y)),
+        "mm_16x16": lambda: a @ b,
+        "view": lambda: x.view(2, 4),
+        "item": lambda: s.item(),
+    }
+
+
+NAMES = list(_cases(CPU))
+STEPS = len(NAMES)
+
+
+def _loop(op, n):
+    def run():
+        for _ in range(n):
+            op()
+    return run
+
+
+def run(cfg: Config, bar) -> dict:
+    n = cfg.pick(2000, 50)
+    cases = {d.type: _cases(d) for d in (NEURON, CPU)}
+    out = {"calls_per_sample": n, "ops": {}}
+    for name in NAMES:
+        nrn, cpu = _loop(cases["neuron"][name], n), _loop(cases["cpu"][name], n)
+        for f, d in ((nrn, NEURON), (cpu, CPU)):  # warm-up: meta cache, allocator
+            timed(f, d)
+        enq, done, host = [], [], []
+        for _ in range(cfg.repeats):
+            enq.append(timed(nrn, NEURON, wait=False) / n)
+            done.append(timed(nrn, NEURON) / n)
+            host.append(timed(cpu, CPU) / n)
+        r = {"neuron_enqueue_s": median(enq), "neuron_completed_s": median(done), "cpu_s": median(host),
+             "neuron_enqueue_samples_s": enq, "neuron_completed_samples_s": done, "cpu_samples_s": host}
+        r["ratio_enqueue"] = r["neuron_enqueue_s"] / r["cpu_s"]
+        r["ratio_completed"] = r["neuron_completed_s"] / r["cpu_s"]
+        out["ops"][name] = r
+        bar.update(1)
+    return out

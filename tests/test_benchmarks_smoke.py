@@ -1,0 +1,41 @@
+"""The benchmark command's smoke mode runs and writes the expected results
+(so the suite cannot rot; no benchmark figure is checked)."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_benchmark_smoke_run(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--smoke",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+
+    assert {"machine", "config", "limits", "tiny_ops", "large_ops", "end_to_end", "memory", "profile",
+            "targets", "elapsed_s"} <= set(res)
+    assert res["config"]["smoke"] is True
+    for key in ("cpu_model", "logical_cores", "torch_version", "date"):
+        assert res["machine"][key]
+    assert res["limits"]["triad"]["gbytes_per_s"] > 0 and res["limits"]["matmul"]["gflops"] > 0
+    ops = res["tiny_ops"]["ops"]
+    assert set(ops) == {"add", "mul", "relu", "sum", "index", "cat", "mm_16x16", "view", "item"}
+    for r in ops.values():
+        assert r["neuron_enqueue_s"] > 0 and r["neuron_completed_s"] > 0 and r["cpu_s"] > 0
+    assert {"matmul_64", "matmul_128", "conv2d_resnet_layer2", "softmax", "layer_norm",
+            "embedding"} <= set(res["large_ops"])
+    assert all(r["speed_vs_cpu"] > 0 for r in res["large_ops"].values())
+    assert set(res["end_to_end"]) == {"gpt_train_step", "resnet18_train_step", "gpt_infer_batch1_token"}
+    for r in res["memory"].values():
+        assert r["neuron_peak_allocated_bytes"] > 0 and r["reserved_over_allocated"] >= 1.0
+    assert res["profile"]["components"]["ops_per_step"] > 0
+    assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "end to end", "memory"}
+
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert "Smoke run" in md and "Where the time goes" in md
+    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png"):
+        assert (tmp_path / png).stat().st_size > 0
