@@ -22,7 +22,7 @@ at::Tensor alias_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKe
 } // namespace
 
 at::Tensor host_alias(const at::Tensor& t, bool resizable) {
-  if (!t.defined() || t.is_cpu()) return t;
+  if (!t.defined() || (t.is_cpu() && !resizable)) return t;
   const auto& s = t.storage();
   c10::Storage storage(c10::Storage::use_byte_size_t(), s.nbytes(),
                        c10::DataPtr(const_cast<void*>(s.data()), c10::Device(c10::kCPU)),

@@ -8,6 +8,11 @@
 // then match the CPU bit for bit. The list is computed from the dispatcher
 // when the extension loads, so it follows PyTorch's registrations.
 //
+// Structured operators (add.Tensor, mul.Tensor, ...) are routed too: their
+// generic wrapper would compute the output on the host with the structured
+// meta function and then call the out= overload through the dispatcher again;
+// the executor's cached meta pass and direct out= call cost half as much.
+//
 // Convolution is the other case: its composite picks an algorithm by device
 // type and sends unknown devices to convolution_overrideable (unimplemented).
 // Routing it to the executor makes the CPU's own algorithm choice apply.
@@ -34,8 +39,9 @@ struct PreferCpuKernels {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = dispatcher.findOp(name);
       if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1))
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+          !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+            op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)))
         continue;
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&device_fallback>());

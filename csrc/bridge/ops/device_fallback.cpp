@@ -89,6 +89,9 @@ struct OpTraits {
   bool verify_meta = false;      // several tensor results: check meta once per signature
   std::mutex verdict_mu;
   std::unordered_map<uint64_t, bool> meta_agrees;  // signature -> verdict
+  std::string task_name;         // "aten::add.Tensor", for errors and the profiler
+  bool elementwise = false;      // a candidate for adaptive-eager fusion
+  std::optional<c10::OperatorHandle> out_op;  // the out= overload of a functional op
 };
 
 OpTraits& traits_for(const c10::OperatorHandle& op) {
@@ -126,6 +129,9 @@ OpTraits& traits_for(const c10::OperatorHandle& op) {
   t.data_dependent = kDataDependent.count(name) > 0;
   t.host_indices = kHostIndices.count(name) > 0;
   t.verify_meta = tensor_results > 1;
+  t.task_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+  t.elementwise = is_elementwise(schema);
+  t.out_op = out_variant_of(op);
   return t;
 }
 
@@ -349,10 +355,10 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   const bool all_defined = std::all_of(outputs.begin(), outputs.end(), [](const c10::IValue& v) {
     return v.isTensor() && v.toTensor().defined();
   });
-  auto out_op = all_defined && outputs.size() == r && r > 0 ? out_variant_of(op) : std::nullopt;
-  std::string name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
+  auto out_op = all_defined && outputs.size() == r && r > 0 ? traits.out_op : std::nullopt;
+  std::string name = traits.task_name;
   rt::Stream& stream = current_runtime_stream(device);
-  if (adaptive_eager_enabled() && is_elementwise(schema)) {
+  if (traits.elementwise && adaptive_eager_enabled()) {
     ElementwiseCall call{out_op ? *out_op : op, task_args, {}, name};
     if (out_op)
       call.args.insert(call.args.end(), outputs.begin(), outputs.end());
@@ -373,8 +379,15 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
           c10::WarningUtils::WarningHandlerGuard quiet(&drop);
           torch::jit::Stack s(std::move(task_args));
           if (out_op) {
-            for (auto& o : outputs) s.push_back(std::move(o));
+            // Some out= kernels resize their output as scratch (mse_loss.out):
+            // they get resizable aliases, and results that moved come back.
+            std::vector<at::Tensor> flexible;
+            for (auto& o : outputs) flexible.push_back(host_alias(o.toTensor(), /*resizable=*/true));
+            for (auto& f : flexible) s.push_back(f);
             out_op->callBoxed(&s);
+            for (size_t i = 0; i < flexible.size(); ++i)
+              if (flexible[i].storage().data() != outputs[i].toTensor().storage().data())
+                outputs[i].toTensor().copy_(flexible[i]);
             return;
           }
           op.callBoxed(&s);
