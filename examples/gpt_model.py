@@ -334,6 +334,7 @@ class TrainConfig:
     optimizer_impl: str = "foreach"  # "foreach", "fused" or "forloop"
     log_every: int = 10            # read the loss back (a sync point) every N steps
     eval_batches: int = 8
+    compile: bool = False          # torch.compile the model: backend "neuron" on neuron, Inductor on the CPU
 
 
 @dataclass
@@ -564,6 +565,9 @@ def train(device, steps: Optional[int] = None, seed: int = 1337, *,
         optimizer = make_optimizer(model, tc)
     model.train()
     n_params = count_parameters(model)
+    step_model = model
+    if tc.compile:
+        step_model = torch.compile(model, backend="neuron" if device.type == "neuron" else "inductor")
 
     data_gen = torch.Generator().manual_seed(seed + 1)
     if start_step:  # replay the batch stream so a resumed run sees the same data
@@ -586,7 +590,7 @@ def train(device, steps: Optional[int] = None, seed: int = 1337, *,
         for group in optimizer.param_groups:
             group["lr"] = lr
         x, y = get_batch(train_ids, tc.batch_size, mc.block_size, data_gen, device)
-        _, loss = model(x, y)
+        _, loss = step_model(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if tc.grad_clip > 0:

@@ -37,6 +37,8 @@ def parse_args(argv=None):
                    help="after the device run, train the same model from the same seed on the CPU")
     p.add_argument("--out", default="artifacts", help="output directory")
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--compile", action="store_true",
+                   help='torch.compile the model (backend "neuron" on neuron; Inductor for the CPU reference)')
     p.add_argument("--batch-size", type=int, default=d_t.batch_size)
     p.add_argument("--block-size", type=int, default=d_m.block_size, help="context length")
     p.add_argument("--d-model", type=int, default=d_m.d_model)
@@ -169,7 +171,7 @@ def main(argv=None) -> int:
                       d_model=args.d_model, dropout=args.dropout, attention=args.attention)
     tc = gm.TrainConfig(steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                         warmup_steps=args.warmup_steps, grad_clip=args.grad_clip,
-                        optimizer_impl=args.optimizer)
+                        optimizer_impl=args.optimizer, compile=args.compile)
     start_step = 0
     if args.resume:
         start_step = torch.load(args.resume, map_location="cpu", weights_only=True)["step"]
