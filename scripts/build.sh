@@ -2,6 +2,8 @@
 # Incremental build of the extension in place (ninja + ccache).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="/usr/lib/ccache:$PATH" MAX_JOBS="${MAX_JOBS:-2}"
+# Autoload off: setup.py imports torch, which must not try to load the
+# extension being built.
+export PATH="/usr/lib/ccache:$PATH" MAX_JOBS="${MAX_JOBS:-2}" TORCH_DEVICE_BACKEND_AUTOLOAD=0
 .venv/bin/python setup.py -q build_ext --inplace 2>&1 | grep -E "error|Error|warning: unused" || true
 test -f torchneuron/_C.cpython-*.so

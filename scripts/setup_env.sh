@@ -29,5 +29,5 @@ scripts/build.sh
 
 if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'torchneuron' for e in m.entry_points(group='torch.backends')) else 1)"; then
   echo "[setup] registering torchneuron with pip (editable, autoload entry point)"
-  TORCHNEURON_METADATA_ONLY=1 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+  TORCH_DEVICE_BACKEND_AUTOLOAD=0 TORCHNEURON_METADATA_ONLY=1 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 fi

@@ -2,11 +2,10 @@
 
 The wrapper code Inductor generates for a ``neuron`` graph calls
 ``neuron_launch(kernel, "name", *args)`` where the CPU wrapper would call
-``kernel(*args)``. :func:`launch` hands the call to
-``torchneuron_compile::launch`` (csrc/bridge/compile_launch.cpp), which queues
-ONE task on the current stream of the tensors' device and returns at once. The
-executor thread later calls ``torchneuron_compile::run``, whose CPU kernel
-(:func:`_run_task`, here) takes the GIL and calls the kernel. Its arguments
+``kernel(*args)``. :func:`launch` queues the call as ONE task on the current
+stream of the tensors' device (torchneuron/_python_tasks.py,
+csrc/bridge/python_tasks.cpp) and returns at once; the executor thread later
+takes the GIL and calls the kernel. Its arguments
 are the same ``neuron`` tensors the host passed: their ``data_ptr()`` points
 at host-addressable device memory, which the C++ kernel reads and writes.
 
@@ -17,53 +16,13 @@ executor and allocator, and the host runs ahead.
 """
 from __future__ import annotations
 
-import itertools
-import threading
-
 import torch
 
-_NAMESPACE = "torchneuron_compile"
-_pending: dict = {}          # call id -> (kernel, args), consumed by the task
-_ids = itertools.count(1)
-_op = None
-_lock = threading.Lock()
-
-
-def _run_task(call, _host_aliases):
-    entry = _pending.pop(call, None)
-    if entry is None:
-        raise RuntimeError(f"compiled kernel launch #{call} is unknown (already run?)")
-    kernel, name, args = entry
-    try:
-        kernel(*args)
-    except Exception as e:  # kept by the device, raised at the next sync
-        raise RuntimeError(f"compiled kernel {name} failed: {type(e).__name__}: {e}") from e
-
-
-def _launcher():
-    global _op
-    if _op is None:
-        with _lock:
-            if _op is None:
-                import torchneuron  # noqa: F401  (loads _C, which defines the operators)
-
-                ns = getattr(torch.ops, _NAMESPACE)
-                try:
-                    op = ns.launch.default
-                except AttributeError:
-                    raise RuntimeError(
-                        "torchneuron._C has no compiled-kernel launcher (csrc/bridge/compile_launch.cpp): "
-                        "rebuild with scripts/build.sh") from None
-                lib = torch.library.Library(_NAMESPACE, "IMPL")
-                lib.impl("run", _run_task, "CPU")
-                _launcher.lib = lib  # keep the registration alive
-                _op = op
-    return _op
+from .._python_tasks import launch as python_task
 
 
 def launch(kernel, name: str, *args) -> None:
     """Queues ``kernel(*args)`` as one device task on the current stream."""
-    op = _launcher()
     tensors = []
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -75,10 +34,6 @@ def launch(kernel, name: str, *args) -> None:
         torch.neuron.synchronize()
         kernel(*args)
         return
-    call = next(_ids)
-    _pending[call] = (kernel, name, args)
-    try:
-        op(call, name, tensors)
-    except BaseException:
-        _pending.pop(call, None)
-        raise
+    # The kernel takes raw pointers: the neuron tensors' own data_ptr()s are
+    # host-addressable, so the task calls it with the original arguments.
+    python_task(f"compiled::{name}", tensors, lambda _host: kernel(*args))

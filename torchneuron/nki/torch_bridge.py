@@ -16,15 +16,13 @@ How a call on ``neuron`` tensors runs
    without waiting for the device) and record the ``shared_hbm`` tensors it
    allocates, in order, and what it returns.  Later calls reuse the record.
 2. **Launch.**  The host allocates the ``shared_hbm`` outputs as ``neuron``
-   tensors from that record and calls ``torchneuron_nki::launch(call, name,
-   outs, ins)`` (C++, csrc/bridge/nki_launch.cpp), which queues ONE task named
-   ``nki::<kernel name>`` on the current stream of the tensors' device and
-   returns.  The caller gets the outputs at once; Python runs ahead.
+   tensors from that record and queues ONE task named ``nki::<kernel name>``
+   on the current stream of the tensors' device (torchneuron/_python_tasks.py,
+   csrc/bridge/python_tasks.cpp), and returns.  The caller gets the outputs at once; Python runs ahead.
 3. **Execution.**  The task runs on the stream's executor thread, after the
-   work queued before it and before the work queued after it.  It calls
-   ``torchneuron_nki::run`` on CPU aliases of the device memory (no copies);
-   its CPU kernel (``_run_task`` here) takes the GIL and runs the emulator on
-   NumPy views of those aliases.  The kernel's ``shared_hbm`` allocations are
+   work queued before it and before the work queued after it.  It takes the
+   GIL and runs the emulator (``_execute`` here) on NumPy views of CPU
+   aliases of the device memory (no copies).  The kernel's ``shared_hbm`` allocations are
    handed the preallocated outputs in order (a mismatch with the record is
    an error).
 4. **Errors.**  An error in the task is kept by the device and raised at the
@@ -42,7 +40,6 @@ Calling a kernel directly records no autograd history; use ``nki_op`` with
 from __future__ import annotations
 
 import functools
-import itertools
 import threading
 
 import numpy as np
@@ -51,10 +48,10 @@ import torch
 from . import dtypes as _dt
 from .errors import NKIError, NKITypeError
 from .jit import Kernel, register_adapter, run_on_host_buffers
+from .._python_tasks import launch as python_task
 
 __all__ = ["nki_op", "clear_signature_cache", "signature_cache_info"]
 
-_NAMESPACE = "torchneuron_nki"
 
 # ---------------------------------------------------------------------------
 # dtypes and host views
@@ -284,44 +281,6 @@ def _execute(launch, outs, ins):
 
 
 # ---------------------------------------------------------------------------
-# the device task: torchneuron_nki::launch (C++, csrc/bridge/nki_launch.cpp)
-# queues a task that calls torchneuron_nki::run, whose CPU kernel is here
-
-_pending: dict = {}           # call id -> launch, consumed by the task
-_call_ids = itertools.count(1)
-_lib = None
-_lib_lock = threading.Lock()
-
-
-def _run_task(call, outs, ins):
-    launch = _pending.pop(call, None)
-    if launch is None:
-        raise RuntimeError(f"NKI launch #{call} is unknown (already run?)")
-    try:
-        _execute(launch, outs, ins)
-    except Exception as e:
-        raise RuntimeError(f"NKI kernel {launch[0].fn.__name__} failed: {type(e).__name__}: {e}") from e
-
-
-def _launcher():
-    global _lib
-    if _lib is None:
-        with _lib_lock:
-            if _lib is None:
-                if not hasattr(torch.ops, _NAMESPACE) or not hasattr(getattr(torch.ops, _NAMESPACE), "launch"):
-                    import torchneuron  # noqa: F401  (loads _C, which defines the operators)
-                try:
-                    getattr(torch.ops, _NAMESPACE).launch
-                except AttributeError:
-                    raise RuntimeError("torchneuron._C has no NKI launcher (csrc/bridge/nki_launch.cpp): "
-                                       "rebuild with scripts/build.sh") from None
-                lib = torch.library.Library(_NAMESPACE, "IMPL")
-                lib.impl("run", _run_task, "CPU")
-                _lib = lib
-    return getattr(torch.ops, _NAMESPACE).launch.default
-
-
-# ---------------------------------------------------------------------------
 # the adapter registered with nki.jit
 
 def _is_symbolic(t: torch.Tensor) -> bool:
@@ -362,14 +321,9 @@ class TorchAdapter:
         outs = [torch.empty(shape, dtype=_torch_dtype(d, name), device=device) for shape, d in record.outputs]
         if not symbolic:
             launch = (kernel, grid, args_t, kwargs_t, record)
-            call = next(_call_ids)
-            _pending[call] = launch
-            try:
-                with torch.no_grad():
-                    _launcher()(call, name, outs, [t.detach() for t in tensors])
-            except BaseException:
-                _pending.pop(call, None)
-                raise
+            k = len(outs)
+            python_task(f"nki::{name}", outs + [t.detach() for t in tensors],
+                        lambda host: _execute(launch, host[:k], host[k:]))
         return _build_result(record.result, outs, tensors)
 
     @staticmethod
