@@ -301,14 +301,20 @@ DeviceStats NeuronCachingAllocator::getDeviceStats(c10::DeviceIndex device) {
   return stats;
 }
 
+namespace {
+template <class F>
+void for_each_stat(DeviceStats& st, F&& f) {
+  for (auto* arr : {&st.allocation, &st.segment, &st.active, &st.inactive_split, &st.allocated_bytes,
+                    &st.reserved_bytes, &st.active_bytes, &st.inactive_split_bytes, &st.requested_bytes})
+    for (auto& s : *arr) f(s);
+}
+} // namespace
+
 void NeuronCachingAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
   check_device_index(device);
   DeviceCache& c = cache(device);
   std::lock_guard<std::mutex> lock(c.mu);
-  for (auto* arr : {&c.stats.allocation, &c.stats.segment, &c.stats.active, &c.stats.inactive_split,
-                    &c.stats.allocated_bytes, &c.stats.reserved_bytes, &c.stats.active_bytes,
-                    &c.stats.inactive_split_bytes, &c.stats.requested_bytes})
-    for (auto& s : *arr) s.reset_accumulated();
+  for_each_stat(c.stats, [](Stat& s) { s.reset_accumulated(); });
   c.stats.num_alloc_retries = 0;
   c.stats.num_ooms = 0;
 }
@@ -317,10 +323,7 @@ void NeuronCachingAllocator::resetPeakStats(c10::DeviceIndex device) {
   check_device_index(device);
   DeviceCache& c = cache(device);
   std::lock_guard<std::mutex> lock(c.mu);
-  for (auto* arr : {&c.stats.allocation, &c.stats.segment, &c.stats.active, &c.stats.inactive_split,
-                    &c.stats.allocated_bytes, &c.stats.reserved_bytes, &c.stats.active_bytes,
-                    &c.stats.inactive_split_bytes, &c.stats.requested_bytes})
-    for (auto& s : *arr) s.reset_peak();
+  for_each_stat(c.stats, [](Stat& s) { s.reset_peak(); });
 }
 
 std::pair<size_t, size_t> NeuronCachingAllocator::getMemoryInfo(c10::DeviceIndex device) {

@@ -181,6 +181,17 @@ class Mismatch(AssertionError):
     pass
 
 
+def _raised(cpu_exc, dev_exc) -> bool:
+    """True if both sides raised (a pass); raises Mismatch if only one did."""
+    if cpu_exc is not None and dev_exc is not None:
+        return True
+    if dev_exc is not None:
+        raise Mismatch(f"only neuron raises: {_msg(dev_exc)}")
+    if cpu_exc is not None:
+        raise Mismatch(f"only cpu raises: {_msg(cpu_exc)}")
+    return False
+
+
 def _value_equal(a, b):
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
@@ -306,12 +317,8 @@ def run_forward(op, sample, values: bool, place=None):
         dev_exc = e
         with contextlib.suppress(Exception):
             sync()
-    if cpu_exc is not None and dev_exc is not None:
+    if _raised(cpu_exc, dev_exc):
         return "both"
-    if dev_exc is not None:
-        raise Mismatch(f"only neuron raises: {_msg(dev_exc)}")
-    if cpu_exc is not None:
-        raise Mismatch(f"only cpu raises: {_msg(cpu_exc)}")
     # Factories called without a device argument legitimately return CPU tensors.
     on_device = any(isinstance(t, torch.Tensor) and t.device.type == DEVICE
                     for t in flatten((dev_in, dev_args, dev_kwargs))) or "device" in dev_kwargs
@@ -371,12 +378,8 @@ def run_backward(op, sample, values: bool, place=None):
         dev_exc = e
         with contextlib.suppress(Exception):
             sync()
-    if cpu_exc is not None and dev_exc is not None:
+    if _raised(cpu_exc, dev_exc):
         return "both"
-    if dev_exc is not None:
-        raise Mismatch(f"only neuron raises: {_msg(dev_exc)}")
-    if cpu_exc is not None:
-        raise Mismatch(f"only cpu raises: {_msg(cpu_exc)}")
     compare(cpu_grads, dev_grads, "grad", values)
     return None
 
