@@ -1,4 +1,4 @@
-"""Adaptive eager execution: fusion of queued element-wise work.
+"""Adaptive eager execution: fusion of queued element-wise work (1500 fuzzed programs).
 
 The fuzzer runs random element-wise programs with fusion on, with fusion off,
 and on the CPU: on and off must agree bit for bit, and the CPU within
@@ -88,7 +88,7 @@ def _bits_equal(a, b):
 
 def test_fuzz_fused_equals_unfused_bitwise_and_cpu(fusion):
     torchneuron.clear_op_tracking()
-    programs = 600
+    programs = 1500
     for seed in range(programs):
         inputs, run = _program(seed)
         results = {}
