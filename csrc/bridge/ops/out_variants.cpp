@@ -30,6 +30,13 @@ std::optional<c10::OperatorHandle> out_variant_of(const c10::OperatorHandle& fun
   std::lock_guard<std::mutex> lock(mu);
   if (auto it = found.find(&f); it != found.end()) return it->second;
   std::optional<c10::OperatorHandle> result;
+  // Only structured operators: their functional and out= forms are one kernel.
+  // An unstructured out= kernel may differ (use its output as scratch, leave
+  // parts of it unwritten), so those keep the functional call plus a copy.
+  if (!functional.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+    found.emplace(&f, result);
+    return result;
+  }
   auto& dispatcher = c10::Dispatcher::singleton();
   const std::string& overload = f.overload_name();
   for (const std::string& candidate :

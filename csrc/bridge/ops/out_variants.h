@@ -9,8 +9,8 @@
 
 namespace torchneuron {
 
-// The overload that takes the same arguments plus one kwarg-only out tensor
-// per return, with a CPU kernel; nullopt if there is none.
+// For a structured operator, the overload that takes the same arguments plus
+// one kwarg-only out tensor per return; nullopt otherwise.
 std::optional<c10::OperatorHandle> out_variant_of(const c10::OperatorHandle& functional);
 
 } // namespace torchneuron
