@@ -7,7 +7,10 @@
 //                 (meta aliases of the arguments), allocates outputs from the
 //                 caching allocator, queues a task on the current stream and
 //                 returns. The task runs ATen's CPU kernel on host aliases of
-//                 device memory: no copies.
+//                 device memory: no copies. The meta pass runs once per
+//                 argument signature (meta_cache.h); structured ops call their
+//                 out= overload (out_variants.h); element-wise ops may join a
+//                 pending fused task (../fusion/elementwise_fusion.h).
 //   synchronizing ops whose outputs depend on data, or that return values
 //                 (nonzero, unique, equal, ...): the host waits for the stream
 //                 and runs the kernel in place
