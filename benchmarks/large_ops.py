@@ -54,7 +54,24 @@ def _cases(cfg: Config) -> dict:
         idx = torch.randint(vocab, (tokens,), generator=torch.Generator().manual_seed(2)).to(d)
         return lambda: F.embedding(idx, w)
 
+    def chain(k):
+        """k element-wise ops in a row: what adaptive eager fuses on neuron."""
+        def make(d):
+            a, b = data(n, device=d), data(n, device=d, seed=1)
+            steps = [lambda t: t * 1.5, torch.relu, lambda t: t + b, torch.sigmoid,
+                     lambda t: t - 0.25, torch.tanh, lambda t: t * b, torch.neg][:k]
+
+            def run():
+                t = a
+                for step in steps:
+                    t = step(t)
+                return t
+            return run
+        return make
+
     cases = {f"add_{n // 2**20}M" if n >= 2**20 else f"add_{n}": (add, {"bytes": 3 * F32 * n})}
+    for k in (4, 8):  # bytes: what a fully fused pass must move (two inputs, one output)
+        cases[f"elementwise_chain{k}"] = (chain(k), {"bytes": 3 * F32 * n})
     for k in mm_sizes:
         cases[f"matmul_{k}"] = (mm(k), {"flops": 2 * k**3})
     cases["conv2d_resnet_layer2"] = (conv, {"flops": 2 * conv_b * 128 * conv_hw**2 * 128 * 9})
