@@ -12,8 +12,10 @@
 //       raises is kept by the device and raised at the next synchronising
 //       call, naming the task.
 //
-// The task holds the device tensors, so their memory outlives it whatever the
-// host does meanwhile. Registered statically: loading torchneuron._C is enough.
+// Like any queued operator, the task holds no references to the device
+// tensors: memory freed on the host returns to its stream's pool and is
+// reused only by later work of that stream (the caching allocator's stream
+// order). Registered statically: loading torchneuron._C is enough.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
@@ -37,13 +39,13 @@ void launch_python_task(int64_t call, c10::string_view name, at::TensorList tens
   if (device < 0) device = current_device();
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
 
-  std::vector<at::Tensor> keep(tensors.begin(), tensors.end()), host;
+  std::vector<at::Tensor> host;
   host.reserve(tensors.size());
   for (const at::Tensor& t : tensors) host.push_back(host_alias(t));
   std::string task(name);
   record_execution(c10::OperatorName(task, ""), Execution::Queued);
   translate_errors([&] {
-    current_runtime_stream(device).enqueue(std::move(task), [call, keep = std::move(keep), host = std::move(host)]() {
+    current_runtime_stream(device).enqueue(std::move(task), [call, host = std::move(host)]() {
       static const auto run = c10::Dispatcher::singleton()
                                   .findSchemaOrThrow("torchneuron::run_python_task", "")
                                   .typed<void(int64_t, at::TensorList)>();

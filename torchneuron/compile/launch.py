@@ -34,6 +34,16 @@ def launch(kernel, name: str, *args) -> None:
         torch.neuron.synchronize()
         kernel(*args)
         return
-    # The kernel takes raw pointers: the neuron tensors' own data_ptr()s are
-    # host-addressable, so the task calls it with the original arguments.
-    python_task(f"compiled::{name}", tensors, lambda _host: kernel(*args))
+    # The task gets CPU aliases of the same device memory (the kernel only
+    # takes their data pointers) and keeps no reference to the neuron tensors,
+    # so buffers the wrapper frees are reused in stream order, as in eager mode.
+    slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.device.type == "neuron"]
+    template = [None if i in slots else a for i, a in enumerate(args)]
+
+    def run(host):
+        call = list(template)
+        for i, h in zip(slots, host):
+            call[i] = h
+        kernel(*call)
+
+    python_task(f"compiled::{name}", tensors, run)
