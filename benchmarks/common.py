@@ -6,11 +6,16 @@ import datetime
 import os
 import platform
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+# The demo model (examples/gpt_model.py) is shared with the end-to-end benchmarks.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+from gpt_model import fmt_bytes  # noqa: E402,F401  (re-exported for report.py)
 
 NEURON = torch.device("neuron")
 CPU = torch.device("cpu")
@@ -104,12 +109,3 @@ def fmt_time(s: float) -> str:
     if s < 1:
         return f"{s * 1e3:.2f} ms"
     return f"{s:.2f} s"
-
-
-def fmt_bytes(n) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024

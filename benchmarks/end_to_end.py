@@ -5,17 +5,13 @@ batches on both devices (drawn on the CPU, then moved)."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from .common import Config, compare
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
-import gpt_model as gm  # noqa: E402
+import gpt_model as gm  # noqa: E402  (on sys.path via .common)
 
 
 # -- ResNet-18 in plain torch.nn (torchvision's layout: BasicBlock x [2, 2, 2, 2]) --

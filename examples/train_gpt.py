@@ -75,16 +75,6 @@ def parse_device(name: str) -> torch.device:
         sys.exit(f"error: cannot use device {name!r}: {e}{hint}")
 
 
-def fmt_bytes(n) -> str:
-    if n is None:
-        return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1024
-    return str(n)
-
-
 def max_rel_diff(a: list[float], b: list[float]) -> float:
     return max((abs(x - y) / max(abs(y), 1e-12) for x, y in zip(a, b)), default=0.0)
 
@@ -228,7 +218,7 @@ def main(argv=None) -> int:
         names[1] = "cpu (reference)"
     rows = [("tokens / s", [f"{r.tokens_per_s:,.0f}" for r in runs]),
             ("wall time", [f"{r.elapsed_s:.1f} s" for r in runs]),
-            ("peak memory", [fmt_bytes(r.peak_memory_bytes) for r in runs]),
+            ("peak memory", [gm.fmt_bytes(r.peak_memory_bytes) for r in runs]),
             ("  (measured as)", [r.peak_memory_kind for r in runs]),
             ("final loss", [f"{r.losses[-1]:.6f}" for r in runs]),
             ("val loss", [f"{r.val_loss:.6f}" for r in runs])]

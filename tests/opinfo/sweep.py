@@ -181,6 +181,21 @@ class Mismatch(AssertionError):
     pass
 
 
+def _on_device(fn):
+    """Runs ``fn`` and waits for the device: (result, None), or (None, the
+    exception it or a later synchronisation raised). Mismatch propagates."""
+    try:
+        out = fn()
+        sync()
+        return out, None
+    except Mismatch:
+        raise
+    except Exception as e:  # noqa: BLE001
+        with contextlib.suppress(Exception):
+            sync()
+        return None, e
+
+
 def _raised(cpu_exc, dev_exc) -> bool:
     """True if both sides raised (a pass); raises Mismatch if only one did."""
     if cpu_exc is not None and dev_exc is not None:
@@ -310,13 +325,7 @@ def run_forward(op, sample, values: bool, place=None):
         cpu_out = _call(op, sample.input, sample.args, sample.kwargs)
     except Exception as e:  # noqa: BLE001
         cpu_exc = e
-    try:
-        dev_out = _call(op, dev_in, dev_args, dev_kwargs)
-        sync()
-    except Exception as e:  # noqa: BLE001
-        dev_exc = e
-        with contextlib.suppress(Exception):
-            sync()
+    dev_out, dev_exc = _on_device(lambda: _call(op, dev_in, dev_args, dev_kwargs))
     if _raised(cpu_exc, dev_exc):
         return "both"
     # Factories called without a device argument legitimately return CPU tensors.
@@ -361,7 +370,8 @@ def run_backward(op, sample, values: bool, place=None):
         cpu_grads = torch.autograd.grad(loss, cpu_inputs, allow_unused=True)
     except Exception as e:  # noqa: BLE001
         cpu_exc = e
-    try:
+    def device_grads():
+        nonlocal weights
         dev_out = sample.output_process_fn_grad(op.gradcheck_wrapper(op.get_op(), dev_in, *dev_args, **dev_kwargs))
         if weights is None:
             outs = [o for o in flatten(dev_out) if isinstance(o, torch.Tensor)]
@@ -370,14 +380,9 @@ def run_backward(op, sample, values: bool, place=None):
         loss = _loss(dev_out, dev_w)
         if loss is None:
             raise Mismatch("no differentiable output on neuron")
-        dev_grads = torch.autograd.grad(loss, _grad_inputs(dev_in, dev_args, dev_kwargs), allow_unused=True)
-        sync()
-    except Mismatch:
-        raise
-    except Exception as e:  # noqa: BLE001
-        dev_exc = e
-        with contextlib.suppress(Exception):
-            sync()
+        return torch.autograd.grad(loss, _grad_inputs(dev_in, dev_args, dev_kwargs), allow_unused=True)
+
+    dev_grads, dev_exc = _on_device(device_grads)
     if _raised(cpu_exc, dev_exc):
         return "both"
     compare(cpu_grads, dev_grads, "grad", values)
