@@ -39,7 +39,8 @@ IN_PLACE = [lambda x, y: x.add_(y), lambda x, y: x.mul_(0.9), lambda x, y: x.add
 def _program(seed):
     rng = random.Random(seed)
     dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16])
-    steps = [(rng.random(), rng.randrange(1000), rng.randrange(1000), rng.random()) for _ in range(rng.randint(4, 10))]
+    steps = [(rng.random(), rng.randrange(1000), rng.randrange(1000), rng.random(), rng.random())
+             for _ in range(rng.randint(4, 10))]
     layout = rng.choice(["contiguous", "contiguous", "transposed", "strided", "broadcast"])
     grad = dtype == torch.float32 and rng.random() < 0.3
 
@@ -60,7 +61,7 @@ def _program(seed):
     def run(xs):
         pool = [x * 1 for x in xs]  # work on copies: leaves stay untouched
         keep = []
-        for kind, i, j, r in steps:
+        for kind, i, j, r, d in steps:
             a, b = pool[i % len(pool)], pool[j % len(pool)]
             if kind < 0.3:
                 y = UNARY[i % len(UNARY)](a)
@@ -75,6 +76,8 @@ def _program(seed):
             if r < 0.3:
                 keep.append(y)  # the program still holds some intermediates
             pool.append(y)
+            if d < 0.5:
+                del pool[(i + j) % (len(pool) - 1)]  # and drops others: temporaries fusion never writes
         out = pool[-1].float().sum() + sum(k.float().sum() for k in keep)
         grads = torch.autograd.grad(out, xs, allow_unused=True, materialize_grads=True) if grad else ()
         return [pool[-1], *keep, *grads]
@@ -101,6 +104,7 @@ def test_fuzz_fused_equals_unfused_bitwise_and_cpu(fusion):
             _bits_equal(a, b)
             torch.testing.assert_close(a, c.detach(), equal_nan=True)
     assert torchneuron._C._fused_groups() > programs // 4, "the fuzzer hardly exercised fusion"
+    assert torchneuron._C._elided_intermediates() > programs // 4, "the fuzzer hardly dropped a fused intermediate"
 
 
 def test_fusion_happens_on_typical_chains(fusion):
@@ -109,9 +113,11 @@ def test_fusion_happens_on_typical_chains(fusion):
 
     torchneuron.clear_op_tracking()
     _busy()
+    elided = torchneuron._C._elided_intermediates()
     y = torch.nn.functional.gelu(x * a + c)  # GELU of an element-wise affine map
     assert torchneuron._C._fused_groups() == 1
     assert set(torchneuron._C.get_fused_ops()) == {"aten::mul.Tensor", "aten::add.Tensor", "aten::gelu"}
+    assert torchneuron._C._elided_intermediates() - elided == 2  # x * a and the sum: temporaries, never written
     fusion(False)
     _busy()
     _bits_equal(y, torch.nn.functional.gelu(x * a + c))

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "device_state.h"
+#include "fusion/elementwise_fusion.h"
 
 namespace torchneuron {
 namespace {
@@ -223,6 +224,10 @@ Block* malloc_block(int device, int stream, size_t requested) {
 
 void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
+  // A temporary freed while the fused task producing it still waits need
+  // never be written (adaptive eager). Only single-stream blocks: another
+  // stream may still read a recorded one.
+  if (b->used_on.empty()) release_from_pending_group(rt::device(b->device).stream(b->stream), b->ptr, b->size);
   DeviceCache& c = cache(b->device);
   std::lock_guard<std::mutex> lock(c.mu);
   b->allocated = false;

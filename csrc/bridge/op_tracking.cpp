@@ -18,6 +18,7 @@ struct Tracker {
   std::unordered_set<c10::OperatorName> warned;
   std::map<std::string, int64_t> fused;
   int64_t groups = 0;
+  int64_t elided = 0;
 };
 
 Tracker& tracker() {
@@ -85,12 +86,25 @@ int64_t fused_groups() {
   return t.groups;
 }
 
+void record_elided() {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  ++t.elided;
+}
+
+int64_t elided_intermediates() {
+  auto& t = tracker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.elided;
+}
+
 void clear_op_tracking() {
   auto& t = tracker();
   std::lock_guard<std::mutex> lock(t.mu);
   t.counts.clear();
   t.fused.clear();
   t.groups = 0;
+  t.elided = 0;
 }
 
 } // namespace torchneuron

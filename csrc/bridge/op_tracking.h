@@ -26,10 +26,13 @@ bool strict_fallback();
 // Adaptive eager: `op` joined a fused task (`starts_group`: it was the first
 // member, counted when a second one joins).
 void record_fused(const std::string& op, bool starts_group);
+// Adaptive eager: a fused task's intermediate nobody held was never written.
+void record_elided();
 
 std::map<std::string, int64_t> executed_ops();
 std::map<std::string, int64_t> fused_ops();   // op -> times it ran fused
 int64_t fused_groups();                       // fused tasks of two or more ops
+int64_t elided_intermediates();               // fused intermediates kept out of memory
 std::map<std::string, int64_t> fallback_ops();
 void clear_op_tracking();
 

@@ -101,6 +101,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("clear_op_tracking", &clear_op_tracking);
   m.def("get_fused_ops", &fused_ops);
   m.def("_fused_groups", &fused_groups);
+  m.def("_elided_intermediates", &elided_intermediates);
   m.def("_set_adaptive_eager", &set_adaptive_eager);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
 }

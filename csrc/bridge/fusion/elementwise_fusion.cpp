@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <atomic>
@@ -43,18 +44,30 @@ struct Range {
   size_t itemsize;
 };
 
-// A tensor operand of a member: its alias, and whether it is cut into pieces
-// (every full-size operand) or passed whole (CPU scalars).
+// A full-size tensor operand of a member: an argument (or, for a functional
+// call without out=, a result), cut into pieces when the group runs.
+struct Operand {
+  size_t index;             // into call.args, or call.results when `result`
+  bool result;
+  bool write_only;          // written before anything in the group reads it
+  Range range;
+  c10::ScalarType dtype;
+  int slot = -1;            // >= 0: elided, lives in this per-piece scratch slot
+  bool closed = false;      // its tensor was freed: later uses of the range are new tensors
+};
+
 struct Member {
   ElementwiseCall call;
-  std::vector<size_t> sliced_args;  // indices into call.args holding full-size tensors
+  std::vector<Operand> operands;  // reads before writes
 };
 
 struct FusedGroup {
   int64_t numel = 0;
   std::vector<Member> members;
-  std::vector<Range> ranges;
+  std::vector<c10::ScalarType> slots;  // dtype of each scratch slot
 
+  bool compatible(const std::vector<Operand>& operands) const;
+  void elide(uintptr_t begin, uintptr_t end);
   void run();
   void run_range(int64_t begin, int64_t end);
 };
@@ -74,37 +87,45 @@ void set_piece(const at::Tensor& slice, int64_t base_offset, int64_t lo, int64_t
 }
 
 void FusedGroup::run_range(int64_t begin, int64_t end) {
-  // Private aliases per member, re-pointed at each piece.
+  // Elided intermediates live in scratch pieces that stay in cache.
+  std::vector<at::Tensor> scratch;
+  for (c10::ScalarType t : slots) scratch.push_back(at::empty({kPiece}, at::TensorOptions().dtype(t)));
+  // Private aliases per member, re-pointed at each piece: (alias, base offset; -1 = scratch).
   struct Prepared {
     std::vector<c10::IValue> args;
-    std::vector<std::pair<at::Tensor, int64_t>> slices;  // alias, its base storage offset
-    std::vector<std::pair<at::Tensor, int64_t>> result_slices;
+    std::vector<std::pair<at::Tensor, int64_t>> slices, result_slices;
   };
   std::vector<Prepared> prepared(members.size());
   for (size_t m = 0; m < members.size(); ++m) {
     auto& p = prepared[m];
-    p.args = members[m].call.args;
-    for (size_t i : members[m].sliced_args) {
-      const at::Tensor& t = p.args[i].toTensor();
-      at::Tensor s = slice_alias(t);
-      p.slices.emplace_back(s, t.storage_offset());
-      p.args[i] = s;
+    const auto& call = members[m].call;
+    p.args = call.args;
+    p.result_slices.resize(call.results.size());
+    for (const Operand& o : members[m].operands) {
+      const at::Tensor& t = o.slot >= 0 ? scratch[o.slot] : o.result ? call.results[o.index] : call.args[o.index].toTensor();
+      auto slice = std::make_pair(slice_alias(t), o.slot >= 0 ? int64_t(-1) : t.storage_offset());
+      if (o.result) {
+        p.result_slices[o.index] = std::move(slice);
+      } else {
+        p.args[o.index] = slice.first;
+        p.slices.push_back(std::move(slice));
+      }
     }
-    for (const at::Tensor& r : members[m].call.results)
-      p.result_slices.emplace_back(slice_alias(r), r.storage_offset());
   }
+  auto point = [](std::pair<at::Tensor, int64_t>& s, int64_t lo, int64_t len) {
+    s.second < 0 ? set_piece(s.first, 0, 0, len) : set_piece(s.first, s.second, lo, len);
+  };
   for (int64_t lo = begin; lo < end; lo += kPiece) {
     const int64_t len = std::min(kPiece, end - lo);
     for (size_t m = 0; m < members.size(); ++m) {
       auto& p = prepared[m];
-      for (auto& [s, base] : p.slices) set_piece(s, base, lo, len);
+      for (auto& s : p.slices) point(s, lo, len);
       torch::jit::Stack stack(p.args.begin(), p.args.end());
       try {
         members[m].call.op.callBoxed(&stack);
         for (size_t k = 0; k < p.result_slices.size(); ++k) {
-          auto& [s, base] = p.result_slices[k];
-          set_piece(s, base, lo, len);
-          s.copy_(stack[k].toTensor());
+          point(p.result_slices[k], lo, len);
+          p.result_slices[k].first.copy_(stack[k].toTensor());
         }
       } catch (const std::exception& e) {
         throw std::runtime_error("in fused member " + members[m].call.name + ": " + e.what());
@@ -126,47 +147,80 @@ void FusedGroup::run() {
   });
 }
 
+// The tensor's freed, and nothing outside the group can read it any more (the
+// group is still the queue's tail): if the group's first use of it writes it,
+// no use needs memory, and the whole lifetime moves to a scratch slot.
+void FusedGroup::elide(uintptr_t begin, uintptr_t end) {
+  std::vector<Operand*> uses;
+  for (Member& m : members)
+    for (Operand& o : m.operands)
+      if (!o.closed && o.range.begin >= begin && o.range.end <= end) uses.push_back(&o);
+  if (uses.empty()) return;
+  const bool elidable = uses.front()->write_only;
+  if (elidable) {
+    slots.push_back(uses.front()->dtype);
+    record_elided();
+  }
+  for (Operand* o : uses) {
+    o->closed = true;
+    if (elidable) o->slot = int(slots.size()) - 1;
+  }
+}
+
 // The full-size operands of a call (all with the same numel, contiguous), or
 // false if the call cannot fuse.
-bool collect_operands(const ElementwiseCall& call, int64_t& numel, std::vector<size_t>& sliced,
-                      std::vector<Range>& ranges) {
+bool collect_operands(const ElementwiseCall& call, int64_t& numel, std::vector<Operand>& operands) {
   numel = -1;
-  auto accept = [&](const at::Tensor& t) {
+  const auto& schema = call.op.schema();
+  const bool inplace = !schema.name().empty() && schema.name().back() == '_';
+  std::vector<Operand> writes;
+  auto accept = [&](const at::Tensor& t, size_t index, bool result, bool written) {
     if (!t.defined()) return false;
-    if (t.is_cpu() && t.dim() == 0) return true;  // a scalar, passed whole
-    if (!t.is_contiguous() || t.is_conj() || t.is_neg()) return false;
+    if (t.is_cpu() && t.dim() == 0 && !result) return true;  // a scalar, passed whole
+    if (!t.is_contiguous() || t.is_conj() || t.is_neg() || t.dim() == 0) return false;
     if (numel < 0) numel = t.numel();
     if (t.numel() != numel) return false;
     auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
-    ranges.push_back({p, p + t.nbytes(), t.itemsize()});
+    Operand o{index, result, written && !inplace, {p, p + t.nbytes(), t.itemsize()}, t.scalar_type()};
+    (written ? writes : operands).push_back(o);
     return true;
   };
   for (size_t i = 0; i < call.args.size(); ++i) {
     const auto& a = call.args[i];
     if (a.isTensor()) {
-      if (!accept(a.toTensor())) return false;
-      if (!(a.toTensor().is_cpu() && a.toTensor().dim() == 0)) sliced.push_back(i);
+      const auto* alias = i < schema.arguments().size() ? schema.arguments()[i].alias_info() : nullptr;
+      if (!accept(a.toTensor(), i, false, alias && alias->isWrite())) return false;
     } else if (a.isTensorList() || a.isList() || a.isGenerator()) {
       return false;
     }
   }
-  for (const at::Tensor& r : call.results)
-    if (!accept(r) || r.dim() == 0) return false;
+  for (size_t i = 0; i < call.results.size(); ++i)
+    if (!accept(call.results[i], i, true, true)) return false;
+  operands.insert(operands.end(), writes.begin(), writes.end());
   return numel >= kMinNumel;
 }
 
 // Tensors of a group must coincide exactly or not overlap at all.
-bool compatible(const std::vector<Range>& a, const std::vector<Range>& b) {
-  for (const Range& x : a)
-    for (const Range& y : b) {
-      bool same = x.begin == y.begin && x.end == y.end && x.itemsize == y.itemsize;
-      bool disjoint = x.end <= y.begin || y.end <= x.begin;
-      if (!same && !disjoint) return false;
-    }
+bool FusedGroup::compatible(const std::vector<Operand>& operands) const {
+  for (const Member& m : members)
+    for (const Operand& a : m.operands)
+      for (const Operand& b : operands) {
+        const Range &x = a.range, &y = b.range;
+        bool same = x.begin == y.begin && x.end == y.end && x.itemsize == y.itemsize;
+        bool disjoint = x.end <= y.begin || y.end <= x.begin;
+        if (!same && !disjoint) return false;
+      }
   return true;
 }
 
 const char kFusedTag = 0;  // payload type marker
+using TaggedGroup = std::pair<const char*, FusedGroup>;
+
+FusedGroup* group_of(runtime::Task& task) {
+  if (!task.payload) return nullptr;
+  auto* tagged = static_cast<TaggedGroup*>(task.payload.get());
+  return tagged->first == &kFusedTag ? &tagged->second : nullptr;
+}
 
 } // namespace
 
@@ -186,32 +240,26 @@ bool is_elementwise(const c10::FunctionSchema& schema) {
 
 bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
   int64_t numel;
-  std::vector<size_t> sliced;
-  std::vector<Range> ranges;
-  if (!collect_operands(call, numel, sliced, ranges)) return false;
+  std::vector<Operand> operands;
+  if (!collect_operands(call, numel, operands)) return false;
 
   bool merged = stream.amend_pending_tail([&](runtime::Task& tail) {
-    if (!tail.payload) return false;
-    auto* tagged = static_cast<std::pair<const char*, FusedGroup>*>(tail.payload.get());
-    if (tagged->first != &kFusedTag) return false;
-    FusedGroup& g = tagged->second;
-    if (g.numel != numel || g.members.size() >= kMaxMembers || !compatible(g.ranges, ranges)) return false;
-    g.ranges.insert(g.ranges.end(), ranges.begin(), ranges.end());
+    FusedGroup* g = group_of(tail);
+    if (!g || g->numel != numel || g->members.size() >= kMaxMembers || !g->compatible(operands)) return false;
     tail.name += "+" + call.name;
-    g.members.push_back({std::move(call), std::move(sliced)});
-    if (g.members.size() == 2) record_fused(g.members.front().call.name, true);
-    record_fused(g.members.back().call.name, false);
+    g->members.push_back({std::move(call), std::move(operands)});
+    if (g->members.size() == 2) record_fused(g->members.front().call.name, true);
+    record_fused(g->members.back().call.name, false);
     return true;
   });
   if (merged) return true;
 
-  auto state = std::make_shared<std::pair<const char*, FusedGroup>>();
+  auto state = std::make_shared<TaggedGroup>();
   state->first = &kFusedTag;
   FusedGroup& g = state->second;
   g.numel = numel;
-  g.ranges = std::move(ranges);
   std::string name = "fused:" + call.name;
-  g.members.push_back({std::move(call), std::move(sliced)});
+  g.members.push_back({std::move(call), std::move(operands)});
   runtime::Task task;
   task.name = std::move(name);
   task.payload = state;
@@ -219,6 +267,15 @@ bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
   task.run = [state, group] { group->run(); };
   stream.enqueue(std::move(task));
   return true;
+}
+
+void release_from_pending_group(runtime::Stream& stream, const void* ptr, size_t nbytes) {
+  if (!adaptive_eager_enabled()) return;
+  const auto begin = reinterpret_cast<uintptr_t>(ptr);
+  stream.amend_pending_tail([&](runtime::Task& tail) {
+    if (FusedGroup* g = group_of(tail)) g->elide(begin, begin + nbytes);
+    return true;
+  });
 }
 
 } // namespace torchneuron

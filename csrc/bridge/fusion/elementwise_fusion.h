@@ -8,7 +8,8 @@
 // is a multiple of every vector width, so each element takes the same
 // (vector or scalar) code path. Only same-shape, contiguous operands fuse, and
 // tensors in a group either coincide or are disjoint, so no member can read an
-// element another member has not produced yet.
+// element another member has not produced yet. An intermediate freed while the
+// task still waits (a temporary of an expression) never reaches memory.
 //
 // "Adaptive": a call fuses only into a task still waiting in the queue, so
 // fusion happens exactly when the host runs ahead of the device.
@@ -41,5 +42,11 @@ bool is_elementwise(const c10::FunctionSchema& schema);
 // when it can be. Returns false, queuing nothing, if `call` cannot take part
 // in fusion (the caller then queues it as a task of its own).
 bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call);
+
+// Device memory [ptr, ptr + nbytes) was freed on `stream` by its last owner.
+// If the pending fused task at the stream's tail produces that tensor, the
+// tensor is an intermediate nobody holds: the task keeps it in cache-sized
+// scratch and never writes it to memory.
+void release_from_pending_group(runtime::Stream& stream, const void* ptr, size_t nbytes);
 
 } // namespace torchneuron
