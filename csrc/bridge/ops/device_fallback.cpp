@@ -41,6 +41,7 @@
 #include "kernels.h"
 #include "meta_cache.h"
 #include "out_variants.h"
+#include "result_placement.h"
 #include "../fusion/elementwise_fusion.h"
 
 namespace torchneuron::ops {
@@ -94,6 +95,7 @@ struct OpTraits {
   std::unordered_map<uint64_t, bool> meta_agrees;  // signature -> verdict
   std::string task_name;         // "aten::add.Tensor", for errors and the profiler
   bool elementwise = false;      // a candidate for adaptive-eager fusion
+  bool place_results = false;    // the kernel may compute into device memory (result_placement.h)
   std::optional<c10::OperatorHandle> out_op;  // the out= overload of a functional op
 };
 
@@ -134,6 +136,7 @@ OpTraits& traits_for(const c10::OperatorHandle& op) {
   t.verify_meta = tensor_results > 1;
   t.task_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   t.elementwise = is_elementwise(schema);
+  t.place_results = places_results(name);
   t.out_op = out_variant_of(op);
   return t;
 }
@@ -227,18 +230,6 @@ void adopt_metadata(const at::Tensor& d, const at::Tensor& m) {
   size_t needed = at::detail::computeStorageNbytes(m.sizes(), m.strides(), d.itemsize(), m.storage_offset());
   if (needed > d.storage().nbytes()) resize_storage_bytes(d.storage(), needed);
   d.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
-}
-
-void copy_results(const c10::IValue& from, const c10::IValue& into) {
-  if (into.isTensor()) {
-    const at::Tensor& dst = into.toTensor();
-    if (dst.defined() && dst.numel() > 0) const_cast<at::Tensor&>(dst).copy_(from.toTensor());
-  } else if (into.isTensorList()) {
-    auto src = from.toTensorList();
-    auto dst = into.toTensorList();
-    for (size_t i = 0; i < dst.size(); ++i)
-      if (dst.get(i).numel() > 0) dst.get(i).copy_(src.get(i));
-  }
 }
 
 void run_view(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack) {
@@ -393,10 +384,14 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
                 outputs[i].toTensor().copy_(flexible[i]);
             return;
           }
-          op.callBoxed(&s);
-          size_t k = 0, r = s.size();
-          for (size_t i = 0; i < r; ++i)
-            if (traits.source[i] < 0) copy_results(s[i], outputs[k++]);
+          {
+            PlaceResults placing(outputs, traits.place_results);
+            op.callBoxed(&s);
+          }
+          std::vector<c10::IValue> results;
+          for (size_t i = 0; i < s.size(); ++i)
+            if (traits.source[i] < 0) results.push_back(s[i]);
+          settle_results(results, outputs);
         });
   });
   torch::jit::drop(*stack, n);
