@@ -19,6 +19,7 @@ from .context import current
 from .errors import NKILimitError, NKITypeError
 from .machine import Buffer, TileSize
 from .tensor import NkiTensor, align_to, allocate
+from .trace import instructions
 
 F32 = np.float32
 
@@ -562,3 +563,7 @@ def nc_find_index8(*args, **kwargs):
     vals = vals.reshape(vals.shape[0], -1)[:, :8]
     idx = np.argmax(v[:, None, :] == vals[:, :, None], axis=2).astype(F32)
     return _emit(dst, idx, kw.get("dtype") or _dt.uint32, name="nc_find_index8")
+
+
+# Every instruction is one step of a recorded trace (see trace.py).
+instructions(globals(), __name__, exclude={"get_nc_version"})

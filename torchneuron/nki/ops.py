@@ -13,6 +13,7 @@ from . import dtypes as _dt
 from .errors import NKITypeError
 from .machine import Buffer
 from .tensor import NkiTensor, align_to, allocate, pair_shapes
+from .trace import instruction
 
 F32 = np.float32
 
@@ -162,6 +163,7 @@ def out_shape(*vals):
     return shape
 
 
+@instruction
 def binary(f, a, b, *, dtype=None, mask=None, what=None):
     what = what or getattr(f, "__name__", "operation")
     if f in BITWISE:
@@ -187,6 +189,7 @@ def _int_operand(x, what):
     return np.asarray(x).astype(np.int64), None
 
 
+@instruction
 def unary(f, x, *, dtype=None, mask=None, what=None):
     v, d = operand(x, what or getattr(f, "__name__", "operation"))
     with np.errstate(all="ignore"):
@@ -204,6 +207,7 @@ def reduce(op, x, axis, *, dtype=None, mask=None, keepdims=False, negate=False, 
     return result(np.asarray(r).astype(F32), dtype if dtype is not None else d, mask)
 
 
+@instruction
 def update(target: NkiTensor, f, other):
     """``target op= other`` in place (float32 arithmetic, one rounding)."""
     if not target.buffer.on_chip:
@@ -216,6 +220,7 @@ def update(target: NkiTensor, f, other):
     target.write(np.asarray(r, dtype=F32), mask)
 
 
+@instruction
 def broadcast_to(x: NkiTensor, shape):
     v, d = operand(x, "broadcast_to")
     return result(np.array(align_to(v, tuple(shape))), d)
