@@ -169,6 +169,8 @@ def nc_matmul(*args, **kwargs):
         raise NKITypeError("nisa.nc_matmul writes PSUM; dst is in " + dst.buffer.value)
     r = align_to(r, dst.shape)
     acc = kw.get("accumulate")
+    if acc is not False and _ops.update_in_place(dst, np.add, r, whole_group=acc is None):
+        return dst
     if acc is False:
         new = r
     else:

@@ -213,11 +213,32 @@ def update(target: NkiTensor, f, other):
     if not target.buffer.on_chip:
         raise NKITypeError("in-place arithmetic needs an on-chip tile; HBM is written by nl.store / dma_copy")
     mask = other._mask if isinstance(other, NkiTensor) else None
-    cur = target.compute_values(mask, "in-place update")
     v, _ = operand(other, "in-place update", mask)
+    if mask is None and isinstance(f, np.ufunc) and update_in_place(target, f, v):
+        return
+    cur = target.compute_values(mask, "in-place update")
     with np.errstate(all="ignore"):
         r = f(cur, align_to(v, cur.shape) if np.ndim(v) else v)
     target.write(np.asarray(r, dtype=F32), mask)
+
+
+def update_in_place(target: NkiTensor, f, v, whole_group=False) -> bool:
+    """``target = f(target, v)`` computed straight into float32 storage (PSUM
+    accumulation in a K loop), if possible: the same float32 arithmetic as
+    read-compute-write, without the copies.  ``whole_group``: only if every
+    element already belongs to the PSUM accumulation group."""
+    arr, alloc = target._arr, target._alloc
+    if arr is None or alloc.dtype is _dt.tfloat32 or alloc.dtype != F32 or alloc.readonly:
+        return False
+    if whole_group and not target._psum_valid_view().all():
+        return False
+    with np.errstate(all="ignore"):
+        f(arr, align_to(v, arr.shape) if np.ndim(v) else v, out=arr)
+    alloc.written = True
+    alloc.exact = None
+    if alloc.psum_valid is not None:
+        target._mark_psum_valid(None)
+    return True
 
 
 @instruction
