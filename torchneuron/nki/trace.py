@@ -367,7 +367,7 @@ class Recorder:
 def _value_key(v):
     """Hashable description of one kernel argument; raises TypeError if there is none."""
     if isinstance(v, np.ndarray):
-        return ("array", v.shape, v.dtype.str, v.dtype.name)
+        return ("array", v.shape, v.dtype)  # (not dtype.name: slow for ml_dtypes types)
     if isinstance(v, (list, tuple)):
         return (type(v).__name__,) + tuple(_value_key(x) for x in v)
     if isinstance(v, (float, np.floating)):
