@@ -11,8 +11,10 @@ Per kernel:
   here in plain NumPy.  It does what the emulator does minus the NKI
   machinery (tiles, buffers, checks), so "emulator / NumPy" is the cost of
   that machinery.
-The emulator runs its tile GEMMs on one BLAS thread; PyTorch uses its
-intra-op pool.
+The emulator runs its tile GEMMs on one BLAS thread (a pool that wakes up
+per tile GEMM is slower, more so on a busy host); the NumPy loop nest gets the
+same setting so that only the machinery differs.  PyTorch uses its intra-op
+pool.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import torch_bridge
+from torchneuron.nki.jit import _single_threaded_blas
 
 from .common import CPU, NEURON, Config, median, timed
 
@@ -154,8 +157,9 @@ def _measure(kernel, numpy_fn, torch_fns, np_args, cfg: Config, bar) -> dict:
     kernel(*dev_args)
     r["neuron_replay_s"] = _samples(lambda: kernel(*dev_args), NEURON, reps)
     r["cache_info"] = {k: v for k, v in kernel.cache_info().items() if k != "unreplayable"}
-    numpy_fn(*np_args)
-    r["numpy_loop_nest_s"] = _samples(lambda: numpy_fn(*np_args), CPU, reps)
+    with _single_threaded_blas():
+        numpy_fn(*np_args)
+        r["numpy_loop_nest_s"] = _samples(lambda: numpy_fn(*np_args), CPU, reps)
     cpu_args = [t.cpu() for t in dev_args]
     for name, fn in torch_fns.items():
         for dt, label in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):

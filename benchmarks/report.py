@@ -222,7 +222,7 @@ _NKI_ROWS = (("numpy_replay_s", "emulator, steady state (trace replayed), NumPy 
              ("numpy_interpret_s", "emulator, trace cache off (interpreted every call), NumPy arrays"),
              ("neuron_replay_s", "emulator, steady state, `neuron` tensors (one device task)"),
              ("neuron_first_s", "emulator, first call, `neuron` tensors (shape trace + task)"),
-             ("numpy_loop_nest_s", "plain NumPy loop nest with the kernel's tiling"))
+             ("numpy_loop_nest_s", "plain NumPy loop nest with the kernel's tiling (one BLAS thread)"))
 
 
 def _nki_torch_rows(r):
@@ -249,11 +249,11 @@ def _nki_kernels_plot(res: dict, plt):
     fig, axes = plt.subplots(1, len(res), figsize=(11, 4))
     for ax, (name, r) in zip(list(axes) if len(res) > 1 else [axes], res.items()):
         keys = [k for k, _ in _NKI_ROWS] + [k for k, _ in _nki_torch_rows(r)]
-        labels = [k.replace("_s", "").replace("numpy_", "np ").replace("torch_cpu_", "torch ") for k in keys]
+        labels = [k[:-2].replace("numpy_", "np ").replace("neuron_", "neuron ").replace("torch_cpu_", "torch ")
+                  .replace("_", " ") for k in keys]
         ax.barh(labels, [r[k] * 1e3 for k in keys], color=["tab:blue"] * 5 + ["tab:orange"] +
                 ["tab:gray"] * (len(keys) - 6))
-        ax.set_xscale("log")
-        ax.set_xlabel("ms per call (log)")
+        ax.set_xlabel("ms per call")
         ax.set_title(f"{name}: {r['shape']}", fontsize=9)
         ax.invert_yaxis()
     return fig
