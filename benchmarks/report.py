@@ -79,6 +79,8 @@ def plots(res: dict, out: str) -> list[str]:
         ax.legend()
         save(fig, name)
 
+    if "nki_kernels" in res:
+        save(_nki_kernels_plot(res["nki_kernels"], plt), "nki_kernels.png")
     if "large_ops" in res:
         ratio_plot("large_ops", "large_ops.png", "Large operators: neuron vs CPU (higher is better)", LARGE_MIN)
     if "end_to_end" in res:
@@ -205,7 +207,53 @@ def markdown(res: dict, plot_files: list[str]) -> str:
             s.append(_table(["share", "thread", "library", "symbol"],
                             [(f"{r['percent']:.1f}%", r["thread"], r["dso"], f"`{r['symbol'][:90]}`")
                              for r in p["perf_top"]["top"][:15]]))
+    if "nki_kernels" in res:
+        s.append(_nki_kernels_md(res["nki_kernels"], plot_files))
     if not smoke and os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
             s.append("\n" + f.read())
     return "\n".join(s)
+
+
+# -- NKI kernels (benchmarks/nki_kernels.py) -------------------------------------------
+
+_NKI_ROWS = (("numpy_replay_s", "emulator, steady state (trace replayed), NumPy arrays"),
+             ("numpy_first_s", "emulator, first call (kernel interpreted + trace recorded), NumPy arrays"),
+             ("numpy_interpret_s", "emulator, trace cache off (interpreted every call), NumPy arrays"),
+             ("neuron_replay_s", "emulator, steady state, `neuron` tensors (one device task)"),
+             ("neuron_first_s", "emulator, first call, `neuron` tensors (shape trace + task)"),
+             ("numpy_loop_nest_s", "plain NumPy loop nest with the kernel's tiling (one BLAS thread)"))
+
+
+def _nki_torch_rows(r):
+    return [(k, f"PyTorch on the CPU, `{k[len('torch_cpu_'):-2].replace('_', ' ')}`")
+            for k in r if k.startswith("torch_cpu_")]
+
+
+def _nki_kernels_md(res: dict, plot_files: list[str]) -> str:
+    s = ["## NKI kernels on the emulator\n\nTime of one call (median). Ratio: that time over the "
+         "emulator's steady state on NumPy arrays. The emulator runs tile GEMMs on one BLAS thread; PyTorch "
+         "uses its intra-op threads.\n"]
+    for name, r in res.items():
+        base = r["numpy_replay_s"]
+        rows = [(label, fmt_time(r[k]), f"{r[k] / base:.2f}") for k, label in _NKI_ROWS + tuple(_nki_torch_rows(r))]
+        s.append(f"\n**{name}** ({r['shape']}); emulator vs NumPy loop nest max abs difference "
+                 f"{r['max_abs_diff_vs_numpy']:.2g}.\n\n")
+        s.append(_table(["variant", "time", "/ emulator steady state"], rows))
+    if "nki_kernels.png" in plot_files:
+        s.append("\n![NKI kernels](nki_kernels.png)\n")
+    return "\n".join(s)
+
+
+def _nki_kernels_plot(res: dict, plt):
+    fig, axes = plt.subplots(1, len(res), figsize=(11, 4))
+    for ax, (name, r) in zip(list(axes) if len(res) > 1 else [axes], res.items()):
+        keys = [k for k, _ in _NKI_ROWS] + [k for k, _ in _nki_torch_rows(r)]
+        labels = [k[:-2].replace("numpy_", "np ").replace("neuron_", "neuron ").replace("torch_cpu_", "torch ")
+                  .replace("_", " ") for k in keys]
+        ax.barh(labels, [r[k] * 1e3 for k in keys], color=["tab:blue"] * 5 + ["tab:orange"] +
+                ["tab:gray"] * (len(keys) - 6))
+        ax.set_xlabel("ms per call")
+        ax.set_title(f"{name}: {r['shape']}", fontsize=9)
+        ax.invert_yaxis()
+    return fig

@@ -17,7 +17,7 @@ def test_benchmark_smoke_run(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
 
     assert {"machine", "config", "limits", "tiny_ops", "large_ops", "end_to_end", "memory", "profile",
-            "targets", "elapsed_s"} <= set(res)
+            "nki_kernels", "targets", "elapsed_s"} <= set(res)
     assert res["config"]["smoke"] is True
     for key in ("cpu_model", "logical_cores", "torch_version", "date"):
         assert res["machine"][key]
@@ -33,9 +33,13 @@ def test_benchmark_smoke_run(tmp_path):
     for r in res["memory"].values():
         assert r["neuron_peak_allocated_bytes"] > 0 and r["reserved_over_allocated"] >= 1.0
     assert res["profile"]["components"]["ops_per_step"] > 0
+    for r in res["nki_kernels"].values():   # matmul, attention: emulator, NumPy and PyTorch times
+        assert r["numpy_replay_s"] > 0 and r["neuron_replay_s"] > 0 and r["numpy_loop_nest_s"] > 0
+        assert r["cache_info"]["replays"] > 0 and r["max_abs_diff_vs_numpy"] < 0.1
     assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "end to end", "memory"}
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "Smoke run" in md and "Where the time goes" in md
-    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png"):
+    assert "NKI kernels on the emulator" in md
+    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "nki_kernels.png"):
         assert (tmp_path / png).stat().st_size > 0

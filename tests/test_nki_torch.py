@@ -91,12 +91,13 @@ GATE = threading.Event()
 FLAGS = {"block": False, "fail": False}
 
 
-@nki.jit
+@nki.jit(trace_cache=False)
 def copy_kernel(a):
     """Copies a (at most 128 rows); blocks on GATE or fails when FLAGS say so.
 
     The flags are host state read at run time, which lets a test hold a task
-    on the executor or make it fail after its signature was recorded."""
+    on the executor or make it fail after its signature was recorded.  That
+    needs the kernel's Python to run on every call, so no trace replay."""
     if FLAGS["block"]:
         assert GATE.wait(20), "gate never opened"
     if FLAGS["fail"]:
@@ -291,6 +292,22 @@ def test_signature_is_recorded_once():
     torch.testing.assert_close(out.cpu(), a.cpu() @ b.cpu(), rtol=1e-4, atol=1e-4)
     matmul_kernel(a[:, :128].contiguous(), b[:128])          # new shapes: new trace
     assert torch_bridge.signature_cache_info()["traces"] - before["traces"] == 2
+
+
+def test_device_runs_replay_the_shape_trace():
+    """The shape trace on the host records the kernel's program; device tasks replay it."""
+    torch_bridge.clear_signature_cache()      # output records are per function: force a shape trace
+    kernel = nki.jit(matmul_kernel.fn)
+    a = torch.randn(128, 256, device=DEV)
+    b = torch.randn(256, 128, device=DEV)
+    outs = [kernel(a * i, b) for i in range(1, 4)]
+    for i, out in enumerate(outs, 1):
+        torch.testing.assert_close(out.cpu(), (a.cpu() * i) @ b.cpu(), rtol=1e-4, atol=1e-4)
+    info = kernel.cache_info()
+    assert info["traces"] == 1 and info["replays"] == 3 and info["interpreted"] == 0
+    ac, bc = a.cpu(), b.cpu()
+    torch.testing.assert_close(kernel(ac, bc), ac @ bc, rtol=1e-4, atol=1e-4)   # CPU tensors replay too
+    assert kernel.cache_info()["replays"] == 4
 
 
 def test_kernel_on_cpu_tensors_runs_on_the_host():

@@ -25,6 +25,8 @@ class LaunchState:
         self.hbm_allocator = hbm_allocator
         self.kernel_name = kernel_name
         self.shared_outputs: list = []
+        # False when replaying a recorded program (capacity was checked when recording)
+        self.account_memory = True
 
 
 class InstanceState:

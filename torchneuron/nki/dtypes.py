@@ -58,10 +58,26 @@ SUPPORTED = (bool_, int8, int16, int32, uint8, uint16, uint32, float16, float32,
              bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2)
 
 
+_NORMALIZED: dict = {}
+
+
 def normalize(dtype):
     """Map anything a kernel may pass as ``dtype`` to an NKI dtype (np.dtype or tfloat32)."""
+    try:
+        return _NORMALIZED[dtype]  # every instruction asks; np.dtype's name lookup is slow
+    except (KeyError, TypeError):
+        pass
     if dtype is None or dtype is tfloat32:
         return dtype
+    result = _normalize(dtype)
+    try:
+        _NORMALIZED[dtype] = result
+    except TypeError:
+        pass
+    return result
+
+
+def _normalize(dtype):
     if isinstance(dtype, str):
         try:
             return _BY_NAME[dtype]

@@ -19,6 +19,7 @@ from .context import current
 from .errors import NKILimitError, NKITypeError
 from .machine import Buffer, TileSize
 from .tensor import NkiTensor, align_to, allocate
+from .trace import instructions
 
 F32 = np.float32
 
@@ -168,6 +169,8 @@ def nc_matmul(*args, **kwargs):
         raise NKITypeError("nisa.nc_matmul writes PSUM; dst is in " + dst.buffer.value)
     r = align_to(r, dst.shape)
     acc = kw.get("accumulate")
+    if acc is not False and _ops.update_in_place(dst, np.add, r, whole_group=acc is None):
+        return dst
     if acc is False:
         new = r
     else:
@@ -562,3 +565,7 @@ def nc_find_index8(*args, **kwargs):
     vals = vals.reshape(vals.shape[0], -1)[:, :8]
     idx = np.argmax(v[:, None, :] == vals[:, :, None], axis=2).astype(F32)
     return _emit(dst, idx, kw.get("dtype") or _dt.uint32, name="nc_find_index8")
+
+
+# Every instruction is one step of a recorded trace (see trace.py).
+instructions(globals(), __name__, exclude={"get_nc_version"})

@@ -22,6 +22,7 @@ from .context import InstanceState, LaunchState, running
 from .errors import NKIError
 from .machine import Buffer, TARGETS
 from .tensor import NkiTensor, wrap_host_array
+from .trace import Recorder, TraceCache
 
 # Adapters for framework tensors: objects with ``accepts(args, kwargs)`` and
 # ``launch(kernel, grid, args, kwargs)``.  Modules listed in _LAZY_ADAPTERS
@@ -62,20 +63,22 @@ def _single_threaded_blas():
 
 
 def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=None, debug=None,
-                        kernel_name=None):
+                        kernel_name=None, cache=None):
     """Run ``fn`` on the emulator with NumPy-compatible buffers.
 
     This is the seam for device integration: every ``np.ndarray`` in ``args``
     and ``kwargs`` (top level, or inside lists/tuples) is viewed as an HBM
     tensor without copying; ``hbm_allocator(shape, np_dtype)`` creates the
     storage of ``shared_hbm`` outputs (NumPy zeros/garbage by default).
-    Returns the kernel's return value with HBM tensors replaced by their
-    arrays.
+    With a ``cache`` (``trace.TraceCache``) the launch replays the program
+    recorded for its signature, or records one.  Returns the kernel's return
+    value with HBM tensors replaced by their arrays.
     """
     grid = tuple(int(g) for g in grid)
     launch = LaunchState(grid, target=target, debug=debug, hbm_allocator=hbm_allocator,
                          kernel_name=kernel_name or getattr(fn, "__name__", "kernel"))
     copy_back = []
+    inputs = []
 
     def wrap(v, name):
         if isinstance(v, np.ndarray):
@@ -86,7 +89,8 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
                 arr = np.ascontiguousarray(v).copy()
                 if v.flags.writeable:
                     copy_back.append((v, arr))
-            return wrap_host_array(arr, Buffer.hbm, name)
+            inputs.append(wrap_host_array(arr, Buffer.hbm, name))
+            return inputs[-1]
         if isinstance(v, (list, tuple)) and any(isinstance(x, np.ndarray) for x in v):
             return type(v)(wrap(x, f"{name}[{i}]") for i, x in enumerate(v))
         return v
@@ -94,15 +98,37 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     names = _param_names(fn)
     wargs = [wrap(a, names[i] if i < len(names) else f"arg{i}") for i, a in enumerate(args)]
     wkwargs = {k: wrap(v, k) for k, v in kwargs.items()}
-    result = None
-    points = itertools.product(*[range(g) for g in grid]) if grid else [()]
+    points = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
+    key = cache.key(grid, launch, args, kwargs) if cache is not None and cache.enabled() else None
+    program = cache.lookup(key) if cache is not None else False
     with _single_threaded_blas():
-        for pid in points:
-            with running(InstanceState(launch, pid)):
-                result = fn(*wargs, **wkwargs)
+        if program:
+            cache.count("replays")
+            launch.account_memory = False
+            result = program.replay(launch, inputs)
+        elif program is None:
+            cache.count("traces")
+            with Recorder(inputs) as rec:
+                result = _interpret(fn, launch, points, wargs, wkwargs, rec)
+            cache.store(key, rec.finish(result), rec.reason)
+        else:
+            if cache is not None:
+                cache.count("interpreted")
+            result = _interpret(fn, launch, points, wargs, wkwargs, None)
     for orig, staged in copy_back:
         np.copyto(orig, staged)
     return _unwrap(result)
+
+
+def _interpret(fn, launch, points, wargs, wkwargs, rec):
+    """Run the kernel's Python once per grid point (recording its instructions if ``rec``)."""
+    result = None
+    for pid in points:
+        if rec is not None:
+            rec.begin_instance(pid)
+        with running(InstanceState(launch, pid)):
+            result = fn(*wargs, **wkwargs)
+    return result
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,17 +160,31 @@ class Kernel:
 
     ``kernel(*args)`` runs one instance; ``kernel[gx, gy](*args)`` runs an
     SPMD grid.  Options: ``target='v2'|'v3'``, ``debug=True`` (uninitialised
-    memory is NaN/garbage).  Other keyword options of the real decorator
-    (mode, platform_target, ...) are accepted and ignored.
+    memory is NaN/garbage), ``trace_cache=False`` (interpret every call; the
+    default follows TORCHNEURON_NKI_TRACE_CACHE, on unless it is 0).  Other
+    keyword options of the real decorator (mode, platform_target, ...) are
+    accepted and ignored.
     """
 
-    def __init__(self, fn, *, grid=(), target=None, debug=None, **options):
+    def __init__(self, fn, *, grid=(), target=None, debug=None, trace_cache=None, **options):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.grid = tuple(grid)
         self.target = TARGETS[target.replace("neuroncore-", "")] if isinstance(target, str) else target
         self.debug = debug
         self.options = options
+        # shared by kernel[grid] copies: the grid is part of the signature
+        self._traces = TraceCache(trace_cache)
+
+    def cache_info(self):
+        """Trace-cache counters: ``signatures`` recorded, launches that ``traces`` (recorded),
+        ``replays`` and ``interpreted`` (cache off, unhashable arguments, or unreplayable
+        signatures, whose reasons are listed in ``unreplayable``)."""
+        return self._traces.info()
+
+    def cache_clear(self):
+        """Forget the recorded programs and reset the counters."""
+        self._traces.clear()
 
     def __getitem__(self, grid):
         if not isinstance(grid, tuple):
@@ -163,7 +203,7 @@ class Kernel:
                     return adapter.launch(self, self.grid, args, kwargs)
             raise NKIError(f"no integration is registered for {fw} tensors")
         return run_on_host_buffers(self.fn, self.grid, args, kwargs, target=self.target, debug=self.debug,
-                                   kernel_name=self.fn.__name__)
+                                   kernel_name=self.fn.__name__, cache=self._traces)
 
     def __repr__(self):
         return f"<nki.jit kernel {self.fn.__name__} grid={self.grid}>"
@@ -185,5 +225,5 @@ def simulate_kernel(kernel, *args, **kwargs):
     """Upstream's ``nki.simulate_kernel(kernel[grid], *numpy_args)``: run on NumPy arrays."""
     if isinstance(kernel, Kernel):
         return run_on_host_buffers(kernel.fn, kernel.grid, args, kwargs, target=kernel.target,
-                                   debug=kernel.debug, kernel_name=kernel.fn.__name__)
+                                   debug=kernel.debug, kernel_name=kernel.fn.__name__, cache=kernel._traces)
     return run_on_host_buffers(kernel, (), args, kwargs)

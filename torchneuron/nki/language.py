@@ -19,6 +19,7 @@ from .context import current
 from .errors import NKIError, NKITypeError
 from .machine import Buffer, TileSize
 from .tensor import DynSlice, NkiTensor, ParDim, align_to, allocate, pair_shapes
+from .trace import instruction, instructions
 
 # ------------------------------------------------------------------ dtypes
 bool_ = _dt.bool_
@@ -478,9 +479,14 @@ def loop_reduce(x, op, loop_indices=None, *, dtype=None, mask=None, **kwargs):
             prev = eval(target, frame.f_globals, frame.f_locals)  # noqa: S307 (kernel's own expression)
         except Exception:  # not yet bound: first iteration
             prev = None
-    if isinstance(prev, NkiTensor):
-        return _ops.binary(f, prev, x, dtype=dtype or prev.dtype, mask=_m(mask, x), what="nl.loop_reduce")
-    return _ops.unary(_ops.UNARY["copy"], x, dtype=dtype, mask=_m(mask, x))
+    return _loop_reduce_step(f, prev if isinstance(prev, NkiTensor) else None, x, dtype, _m(mask, x))
+
+
+@instruction  # the frame lookup above runs only while interpreting; this is what replays
+def _loop_reduce_step(f, prev, x, dtype, mask):
+    if prev is not None:
+        return _ops.binary(f, prev, x, dtype=dtype or prev.dtype, mask=mask, what="nl.loop_reduce")
+    return _ops.unary(_ops.UNARY["copy"], x, dtype=dtype, mask=mask)
 
 
 def _assignment_target(filename, lineno):
@@ -503,3 +509,10 @@ def _assignment_target(filename, lineno):
             break
     _TARGET_CACHE[key] = code
     return code
+
+
+# Everything else a kernel calls touches tiles: one step of a recorded trace
+# (see trace.py).  These only compute indices, loop bounds and launch facts.
+instructions(globals(), __name__, exclude={
+    "par_dim", "arange", "ds", "affine_range", "sequential_range", "static_range", "program_id",
+    "num_programs", "program_ndim", "nc", "spmd_dim", "static_cast", "expand_dims", "loop_reduce"})

@@ -13,6 +13,7 @@ from . import dtypes as _dt
 from .errors import NKITypeError
 from .machine import Buffer
 from .tensor import NkiTensor, align_to, allocate, pair_shapes
+from .trace import instruction
 
 F32 = np.float32
 
@@ -162,6 +163,7 @@ def out_shape(*vals):
     return shape
 
 
+@instruction
 def binary(f, a, b, *, dtype=None, mask=None, what=None):
     what = what or getattr(f, "__name__", "operation")
     if f in BITWISE:
@@ -187,6 +189,7 @@ def _int_operand(x, what):
     return np.asarray(x).astype(np.int64), None
 
 
+@instruction
 def unary(f, x, *, dtype=None, mask=None, what=None):
     v, d = operand(x, what or getattr(f, "__name__", "operation"))
     with np.errstate(all="ignore"):
@@ -204,18 +207,41 @@ def reduce(op, x, axis, *, dtype=None, mask=None, keepdims=False, negate=False, 
     return result(np.asarray(r).astype(F32), dtype if dtype is not None else d, mask)
 
 
+@instruction
 def update(target: NkiTensor, f, other):
     """``target op= other`` in place (float32 arithmetic, one rounding)."""
     if not target.buffer.on_chip:
         raise NKITypeError("in-place arithmetic needs an on-chip tile; HBM is written by nl.store / dma_copy")
     mask = other._mask if isinstance(other, NkiTensor) else None
-    cur = target.compute_values(mask, "in-place update")
     v, _ = operand(other, "in-place update", mask)
+    if mask is None and isinstance(f, np.ufunc) and update_in_place(target, f, v):
+        return
+    cur = target.compute_values(mask, "in-place update")
     with np.errstate(all="ignore"):
         r = f(cur, align_to(v, cur.shape) if np.ndim(v) else v)
     target.write(np.asarray(r, dtype=F32), mask)
 
 
+def update_in_place(target: NkiTensor, f, v, whole_group=False) -> bool:
+    """``target = f(target, v)`` computed straight into float32 storage (PSUM
+    accumulation in a K loop), if possible: the same float32 arithmetic as
+    read-compute-write, without the copies.  ``whole_group``: only if every
+    element already belongs to the PSUM accumulation group."""
+    arr, alloc = target._arr, target._alloc
+    if arr is None or alloc.dtype is _dt.tfloat32 or alloc.dtype != F32 or alloc.readonly:
+        return False
+    if whole_group and not target._psum_valid_view().all():
+        return False
+    with np.errstate(all="ignore"):
+        f(arr, align_to(v, arr.shape) if np.ndim(v) else v, out=arr)
+    alloc.written = True
+    alloc.exact = None
+    if alloc.psum_valid is not None:
+        target._mark_psum_valid(None)
+    return True
+
+
+@instruction
 def broadcast_to(x: NkiTensor, shape):
     v, d = operand(x, "broadcast_to")
     return result(np.array(align_to(v, tuple(shape))), d)

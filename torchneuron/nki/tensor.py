@@ -22,6 +22,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .context import current
+from .trace import instruction, outside_instruction
 from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
 from .machine import Allocation, Buffer, TileSize, new_storage, onchip_footprint
 
@@ -65,6 +66,7 @@ def _check_tile_shape(shape, par, buffer, what):
 
 def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=None):
     """Create a new buffer and return the tensor viewing all of it."""
+    outside_instruction("allocating a buffer")
     dtype = _dt.normalize(dtype) if dtype is not None else _dt.float32
     state = current()
     par = 0
@@ -76,7 +78,8 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=
     shape = tuple(clean)
     if buffer.on_chip:
         _check_tile_shape(shape, par, buffer, f"{buffer.value} tensor {name}".rstrip())
-        footprint = onchip_footprint(shape, par, dtype, buffer)
+        # a replayed program was checked against the capacity when recorded
+        footprint = onchip_footprint(shape, par, dtype, buffer) if state.launch.account_memory else 0
         account = state.account
     else:
         footprint, account = 0, None
@@ -181,6 +184,7 @@ class NkiTensor:
 
     def read(self) -> np.ndarray:
         """Current contents (storage dtype), without bounds checking."""
+        outside_instruction("reading tile values")
         if self._arr is not None:
             return self._arr
         return self._alloc.data.reshape(-1)[self._key]
@@ -207,6 +211,7 @@ class NkiTensor:
 
     def exact_values(self):
         """Float32 result of the instruction that produced this tile, if unchanged since."""
+        outside_instruction("reading tile values")
         if self._alloc.exact is not None and self._is_whole():
             return self._alloc.exact
         return None
@@ -218,6 +223,7 @@ class NkiTensor:
 
     def write(self, values, mask=None, *, exact=True, what="write"):
         """Store ``values`` (any dtype; rounded to ours) where ``mask`` is true."""
+        outside_instruction("writing a tile")
         alloc = self._alloc
         if alloc.readonly:
             raise NKITypeError(f"tensor {alloc.name or ''} is a constant and cannot be written")
@@ -300,6 +306,7 @@ class NkiTensor:
         target = index(self, idx)
         assign(target, value)
 
+    @instruction
     def ap(self, *pattern, offset=0, dtype=None, pattern_kw=None, **kwargs):
         """Hardware access pattern: ``t.ap([[step, num], ...], offset=0, dtype=None)``.
 
@@ -377,6 +384,7 @@ class NkiTensor:
         oob = None if self._oob is None else self._oob.transpose(axes)
         return NkiTensor(self._alloc, None, self._key.transpose(axes), oob, 0)
 
+    @instruction
     def view(self, dtype):
         """Reinterpret the bits of a whole tensor as another dtype."""
         if not self._is_whole():
@@ -609,6 +617,7 @@ def _gather_index(t: NkiTensor, norm, shape):
     return NkiTensor(t._alloc, None, np.ascontiguousarray(key), oob if oob.any() else None, 0)
 
 
+@instruction
 def assign(target: NkiTensor, value):
     """``target[...] = value``: write a tile, scalar or array into a view.
 

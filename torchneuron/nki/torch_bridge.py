@@ -197,7 +197,7 @@ def _trace(kernel: Kernel, grid, args_t, kwargs_t, inputs, make_output=None) -> 
     result = run_on_host_buffers(kernel.fn, grid, _fill(args_t, inputs), _fill(kwargs_t, inputs),
                                  hbm_allocator=allocate, target=kernel.target,
                                  debug=kernel.debug if make_output is not None else False,
-                                 kernel_name=kernel.fn.__name__)
+                                 kernel_name=kernel.fn.__name__, cache=kernel._traces)
     by_id = {id(a): _Ref("out", i) for i, a in enumerate(outputs)}
     by_id.update({id(a): _Ref("in", i) for i, a in enumerate(inputs)})
 
@@ -277,7 +277,7 @@ def _execute(launch, outs, ins):
         return out_arrays[i]
 
     run_on_host_buffers(kernel.fn, grid, _fill(args_t, arrays), _fill(kwargs_t, arrays), hbm_allocator=allocate,
-                        target=kernel.target, debug=kernel.debug, kernel_name=name)
+                        target=kernel.target, debug=kernel.debug, kernel_name=name, cache=kernel._traces)
 
 
 # ---------------------------------------------------------------------------

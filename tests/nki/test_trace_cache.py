@@ -1,0 +1,247 @@
+"""Trace cache: a signature's instructions are recorded once, then replayed.
+
+Replays must be bit-identical to interpreting the kernel again, for both
+language generations, SPMD grids, masks and index grids; a new signature
+records again; what cannot be replayed is detected and interpreted.
+"""
+import numpy as np
+import pytest
+from test_aliases_and_api import isa_tour
+from test_attention import causal_attention_fwd
+from test_elementwise import add_beta1, add_nki0
+from test_indexing import avg_pool, transpose_rows
+from test_layernorm import layer_norm
+from test_matmul import matmul_beta1, matmul_nki0
+from test_softmax_rmsnorm import rmsnorm_nki0, rmsnorm_rows, softmax_rows
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+
+
+def fresh(kernel, **options):
+    """The same kernel function under a new jit (its own, empty trace cache)."""
+    return nki.jit(kernel.fn, **{"target": kernel.target, "debug": kernel.debug, **options})
+
+
+def normal(*shape, dtype=np.float32):
+    return lambda rng: rng.standard_normal(shape).astype(dtype)
+
+
+CASES = {
+    "matmul_beta1_bf16": (matmul_beta1, (), [normal(256, 256, dtype=nl.bfloat16), normal(256, 1024, dtype=nl.bfloat16)]),
+    "matmul_nki0_bf16": (matmul_nki0, (), [normal(256, 256, dtype=nl.bfloat16), normal(256, 1024, dtype=nl.bfloat16)]),
+    "attention_bf16": (causal_attention_fwd, (), [normal(2, 256, 64, dtype=nl.bfloat16)] * 3),
+    "add_beta1_grid": (add_beta1, (2, 2), [normal(256, 1024, dtype=np.float16)] * 2),
+    "add_nki0_grid": (add_nki0, (2, 2), [normal(256, 1024, dtype=nl.bfloat16)] * 2),
+    "softmax_masked": (softmax_rows, (), [normal(300, 256)]),
+    "rmsnorm_masked": (rmsnorm_rows, (), [normal(200, 384), normal(384), lambda rng: 1e-6]),
+    "rmsnorm_nki0": (rmsnorm_nki0, (), [normal(200, 384, dtype=nl.bfloat16), normal(384, dtype=nl.bfloat16),
+                                        lambda rng: 1e-6]),
+    "layer_norm": (layer_norm, (), [normal(200, 700), normal(700), normal(700), lambda rng: 1e-5]),
+    "transpose_index_grids": (transpose_rows, (), [lambda rng: rng.integers(0, 1000, (7, 15)).astype(np.int32),
+                                                   lambda rng: 3, lambda rng: 5]),
+    "avg_pool_mgrid": (avg_pool, (), [normal(16, 12, 20), lambda rng: 4]),
+    "isa_tour": (isa_tour, (), [lambda rng: rng.uniform(0.5, 1.5, (8, 16)).astype(np.float32)] * 2),
+}
+
+
+def same_bits(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_replay_is_bitwise_equal_to_interpretation(case, rng):
+    kernel, grid, makers = CASES[case]
+    cached = fresh(kernel)[grid] if grid else fresh(kernel)
+    interpreted = fresh(kernel, trace_cache=False)[grid] if grid else fresh(kernel, trace_cache=False)
+    calls = [[m(rng) for m in makers] for _ in range(3)]   # different data every call
+    for i, args in enumerate(calls):
+        out = cached(*[a.copy() if isinstance(a, np.ndarray) else a for a in args])
+        same_bits(out, interpreted(*args))
+    info = cached.cache_info()
+    assert (info["signatures"], info["traces"], info["replays"], info["interpreted"]) == (1, 1, 2, 0), info
+    assert interpreted.cache_info()["interpreted"] == 3
+
+
+def test_replay_does_not_run_the_kernels_python(rng):
+    runs = []
+
+    @nki.jit
+    def scale(x, factor):
+        runs.append(factor)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x) * factor)
+        return out
+
+    x = rng.standard_normal((128, 64)).astype(np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(scale(x, 2.0), x * 2)
+    assert runs == [2.0]
+    # a new signature records again: other scalar, other shape, other dtype, other grid
+    np.testing.assert_array_equal(scale(x, 3.0), x * 3)
+    np.testing.assert_array_equal(scale(x[:64], 2.0), x[:64] * 2)
+    scale(x.astype(np.float16), 2.0)
+    scale[2](x, 2.0)
+    assert runs == [2.0, 3.0, 2.0, 2.0, 2.0, 2.0]
+    assert scale.cache_info()["signatures"] == 5
+    scale(x[:64], 2.0)
+    assert len(runs) == 6
+    # 0.0 and -0.0 are different constants
+    assert np.signbit(scale(np.ones((128, 64), np.float32), -0.0)).all()
+    assert not np.signbit(scale(np.ones((128, 64), np.float32), 0.0)).any()
+
+
+def test_grid_instances_replay_their_own_program_ids(rng):
+    @nki.jit
+    def tag(x):
+        out = nl.ndarray((4, 128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        i = nl.program_id(0)
+        nl.store(out[i], value=nl.load(x[i]) + float(i * 100 + nl.num_programs(0)))
+        return out
+
+    for _ in range(2):
+        x = rng.standard_normal((4, 128, 8)).astype(np.float32)
+        np.testing.assert_array_equal(tag[4](x), x + (np.arange(4) * 100 + 4)[:, None, None].astype(np.float32))
+    assert tag.cache_info()["replays"] == 1
+
+
+def test_debug_mode_still_exposes_uninitialised_reads_on_replay():
+    @nki.jit(debug=True)
+    def forgot_to_load(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)   # never written
+        nl.store(out, value=t + x.shape[1])
+        return out
+
+    for _ in range(3):
+        assert np.isnan(forgot_to_load(np.zeros((4, 4), np.float32))).all()
+    assert forgot_to_load.cache_info()["replays"] == 2
+
+
+def test_reading_tile_values_in_python_falls_back_to_interpretation(rng):
+    @nki.jit
+    def branchy(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.load(x)
+        if t.read()[0, 0] > 0:          # control flow on data: cannot be replayed
+            t = t * 2
+        nl.store(out, value=t)
+        return out
+
+    pos = np.ones((8, 8), np.float32)
+    np.testing.assert_array_equal(branchy(pos), pos * 2)
+    np.testing.assert_array_equal(branchy(-pos), -pos)
+    np.testing.assert_array_equal(branchy(pos), pos * 2)
+    info = branchy.cache_info()
+    assert info["signatures"] == 0 and info["traces"] == 1 and info["interpreted"] == 2
+    assert len(info["unreplayable"]) == 1 and "reading tile values" in info["unreplayable"][0]
+    assert "test_trace_cache.py" in info["unreplayable"][0]
+
+
+def test_tile_from_another_launch_falls_back(rng):
+    kept = []
+
+    @nki.jit
+    def keep(x):
+        kept.append(nl.load(x))
+        return x
+
+    @nki.jit
+    def add_kept(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x) + kept[-1])      # a tile made by another launch
+        return out
+
+    x = np.ones((8, 8), np.float32)
+    keep(x)
+    for _ in range(2):
+        np.testing.assert_array_equal(add_kept(x), 2 * x)
+    info = add_kept.cache_info()
+    assert info["signatures"] == 0 and info["interpreted"] == 1
+    assert "no instruction of this launch created" in info["unreplayable"][0]
+
+
+def test_switched_off_by_option_and_environment(rng, monkeypatch):
+    def copy(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x))
+        return out
+
+    x = rng.standard_normal((128, 32)).astype(np.float32)
+    off = nki.jit(copy, trace_cache=False)
+    off(x)
+    off(x)
+    assert off.cache_info()["traces"] == 0 and off.cache_info()["interpreted"] == 2
+    on = nki.jit(copy)
+    monkeypatch.setenv("TORCHNEURON_NKI_TRACE_CACHE", "0")
+    on(x)
+    on(x)
+    assert on.cache_info()["traces"] == 0 and on.cache_info()["interpreted"] == 2
+    monkeypatch.setenv("TORCHNEURON_NKI_TRACE_CACHE", "1")
+    for _ in range(2):
+        np.testing.assert_array_equal(on(x), x)
+    assert on.cache_info()["traces"] == 1 and on.cache_info()["replays"] == 1
+
+
+def test_limit_errors_name_the_kernel_line_on_every_call():
+    @nki.jit
+    def too_tall(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x))  # LIMIT-LINE
+        return out
+
+    x = np.zeros((256, 4), np.float32)
+    for _ in range(2):
+        with pytest.raises(nki.NKILimitError) as err:
+            too_tall(x)
+        assert "test_trace_cache.py" in err.value.location and "too_tall" in err.value.location
+    assert too_tall.cache_info()["signatures"] == 0
+
+
+def test_inputs_written_in_place_and_strided_inputs_on_replay(rng):
+    @nki.jit
+    def bump(x):
+        nl.store(x, value=nl.load(x) + 1.0)
+        return x
+
+    for _ in range(2):
+        base = rng.standard_normal((8, 32)).astype(np.float32)
+        strided = base[:, ::2]
+        expect = strided + 1
+        bump(strided)
+        np.testing.assert_array_equal(base[:, ::2], expect)
+    assert bump.cache_info()["replays"] == 1
+
+
+def test_random_numbers_replay_like_interpretation(rng):
+    @nki.jit
+    def drop(x, seed):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.random_seed(nl.load(seed))
+        nl.store(out, value=nl.dropout(nl.load(x), 0.5))
+        return out
+
+    x = np.ones((16, 64), np.float32)
+    ref = nki.jit(drop.fn, trace_cache=False)
+    for s in (1, 2, 1):
+        seed = np.full((1, 1), s, np.int32)
+        np.testing.assert_array_equal(drop(x, seed), ref(x, seed))
+    assert drop.cache_info()["replays"] == 2
+
+
+def test_device_print_runs_on_replay(capsys):
+    @nki.jit
+    def show(x):
+        t = nl.load(x)
+        nl.device_print("tile", t)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=x)
+        return out
+
+    show(np.zeros((1, 2), np.float32))
+    show(np.full((1, 2), 7, np.float32))
+    printed = capsys.readouterr().out
+    assert "tile [[0. 0.]]" in printed and "tile [[7. 7.]]" in printed
+    assert show.cache_info()["replays"] == 1
