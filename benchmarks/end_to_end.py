@@ -9,6 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import torchneuron
+
 from .common import Config, compare
 
 import gpt_model as gm  # noqa: E402  (on sys.path via .common)
@@ -140,12 +142,34 @@ def _repeat(build, k):
     return make
 
 
+def _fusion_off(build, cfg: Config, k: int, on: dict) -> dict:
+    """The same step with adaptive eager off (same run, CPU re-timed beside
+    it), and what fusion did in one step with it on."""
+    step = build(torch.device("neuron"))
+    step()
+    torch.neuron.synchronize()
+    torchneuron.clear_op_tracking()
+    step()
+    torch.neuron.synchronize()
+    fused = {"fused_tasks_per_step": torchneuron._C._fused_groups(),
+             "fused_ops_per_step": sum(torchneuron.get_fused_ops().values()),
+             "elided_intermediates_per_step": torchneuron._C._elided_intermediates()}
+    torchneuron._C._set_adaptive_eager(False)
+    try:
+        off = compare(_repeat(build, k), cfg, warmup=1, per=k)
+    finally:
+        torchneuron._C._set_adaptive_eager(True)
+    return {**fused, "neuron_fusion_off_s": off["neuron_s"], "cpu_beside_fusion_off_s": off["cpu_s"],
+            "fusion_speedup": off["neuron_s"] / on["neuron_s"]}
+
+
 def run(cfg: Config, bar) -> dict:
     out = {}
     k = cfg.pick(5, 1)
     r = compare(_repeat(gpt_train(cfg), k), cfg, warmup=1, per=k)
     mc, tc = gpt_sizes(cfg)
     r["model"] = {"n_params": gm.count_parameters(gm.GPT(mc)), "batch": tc.batch_size, **vars(mc)}
+    r.update(_fusion_off(gpt_train(cfg), cfg, k, r))
     out["gpt_train_step"] = r
     bar.update(1)
 
