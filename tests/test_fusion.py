@@ -41,7 +41,7 @@ def _program(seed):
     dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16])
     steps = [(rng.random(), rng.randrange(1000), rng.randrange(1000), rng.random(), rng.random())
              for _ in range(rng.randint(4, 10))]
-    layout = rng.choice(["contiguous", "contiguous", "transposed", "strided", "broadcast"])
+    layout = rng.choice(["contiguous", "contiguous", "transposed", "strided", "column", "row", "odd_rows"])
     grad = dtype == torch.float32 and rng.random() < 0.3
 
     def inputs(device):
@@ -51,8 +51,12 @@ def _program(seed):
             xs[1] = xs[1].t()
         elif layout == "strided":
             xs[2] = torch.randn(N, 2 * N, generator=g).to(dtype)[:, ::2]
-        elif layout == "broadcast":
+        elif layout == "column":  # one value per row (a row statistic)
             xs[2] = torch.randn(N, 1, generator=g).to(dtype)
+        elif layout == "row":  # one row for all rows (a bias)
+            xs[2] = torch.randn(N, generator=g).to(dtype)
+        elif layout == "odd_rows":  # rows that do not split evenly over threads: fused, run member by member
+            xs = [torch.randn(N + 1, N, generator=g).to(dtype) for _ in range(2)] + [torch.randn(N, generator=g).to(dtype)]
         out = [x.to(device) for x in xs]
         if grad:
             out = [x.detach().requires_grad_() for x in out]
@@ -121,6 +125,28 @@ def test_fusion_happens_on_typical_chains(fusion):
     fusion(False)
     _busy()
     _bits_equal(y, torch.nn.functional.gelu(x * a + c))
+
+
+@pytest.mark.parametrize("rows", [N, N + 1])  # N + 1: threads do not start on a row, members run in turn
+def test_broadcast_operands_fuse(fusion, rows):
+    x = torch.randn(rows, N, device="neuron")
+    scale, bias = torch.randn(N, device="neuron"), torch.randn(1, N, device="neuron")
+    row_max = x.amax(dim=-1, keepdim=True)
+
+    def program():
+        y = torch.nn.functional.silu(x * scale + bias)  # per-feature affine map (rows broadcast)
+        return torch.exp(y - row_max) / 3  # against a row statistic (columns broadcast)
+
+    torchneuron.clear_op_tracking()
+    _busy()
+    fused = program()
+    assert torchneuron._C._fused_groups() == 1
+    assert sum(torchneuron.get_fused_ops().values()) == 6
+    fusion(False)
+    _busy()
+    _bits_equal(fused, program())
+    cpu = (x.cpu(), scale.cpu(), bias.cpu(), row_max.cpu())
+    torch.testing.assert_close(fused.cpu(), torch.exp(torch.nn.functional.silu(cpu[0] * cpu[1] + cpu[2]) - cpu[3]) / 3)
 
 
 def test_adamw_for_loop_update_fuses_and_matches(fusion):

@@ -6,7 +6,10 @@
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <c10/util/accumulate.h>
+
 #include <atomic>
+#include <optional>
 #include <cstdlib>
 #include <unordered_set>
 
@@ -44,12 +47,22 @@ struct Range {
   size_t itemsize;
 };
 
-// A full-size tensor operand of a member: an argument (or, for a functional
-// call without out=, a result), cut into pieces when the group runs.
+// How a tensor operand of a member covers the group's iteration space, seen
+// as `rows` x `row` (row = 0: no broadcasting in the group, one flat row).
+enum class Cover {
+  Full,     // every element: cut into pieces
+  Row,      // one row, broadcast over the rows (a bias): passed whole to each piece
+  Column,   // one element per row, broadcast along it (a row statistic): cut by rows
+  Single,   // one element (any rank): passed whole
+};
+
+// A tensor operand of a member: an argument (or, for a functional call
+// without out=, a result).
 struct Operand {
   size_t index;             // into call.args, or call.results when `result`
   bool result;
   bool write_only;          // written before anything in the group reads it
+  Cover cover;
   Range range;
   c10::ScalarType dtype;
   int slot = -1;            // >= 0: elided, lives in this per-piece scratch slot
@@ -63,13 +76,14 @@ struct Member {
 
 struct FusedGroup {
   int64_t numel = 0;
+  int64_t row = 0;  // row length when a member broadcasts, else 0
   std::vector<Member> members;
   std::vector<c10::ScalarType> slots;  // dtype of each scratch slot
 
   bool compatible(const std::vector<Operand>& operands) const;
   void elide(uintptr_t begin, uintptr_t end);
   void run();
-  void run_range(int64_t begin, int64_t end);
+  void run_range(int64_t begin, int64_t end, int64_t piece);
 };
 
 // A tensor whose metadata a piece loop may rewrite: a private TensorImpl over
@@ -80,20 +94,38 @@ at::Tensor slice_alias(const at::Tensor& t) {
   return out;
 }
 
-void set_piece(const at::Tensor& slice, int64_t base_offset, int64_t lo, int64_t len) {
-  const int64_t size[1] = {len}, stride[1] = {1};
-  slice.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(size), c10::IntArrayRef(stride),
-                                                      base_offset + lo);
+// Re-points `slice` (an operand's private alias, `base` its storage offset)
+// at elements [lo, lo + len) of the iteration space: a flat piece, or whole
+// rows when the group broadcasts.
+void point(const at::Tensor& slice, Cover cover, int64_t base, int64_t row, int64_t lo, int64_t len) {
+  auto* impl = slice.unsafeGetTensorImpl();
+  if (row == 0) {
+    const int64_t size[1] = {len}, stride[1] = {1};
+    impl->set_sizes_and_strides(size, stride, base + lo);
+  } else if (cover == Cover::Full) {
+    const int64_t size[2] = {len / row, row}, stride[2] = {row, 1};
+    impl->set_sizes_and_strides(size, stride, base + lo);
+  } else {  // Column
+    const int64_t size[2] = {len / row, 1}, stride[2] = {1, 1};
+    impl->set_sizes_and_strides(size, stride, base + lo / row);
+  }
 }
 
-void FusedGroup::run_range(int64_t begin, int64_t end) {
+void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
   // Elided intermediates live in scratch pieces that stay in cache.
   std::vector<at::Tensor> scratch;
-  for (c10::ScalarType t : slots) scratch.push_back(at::empty({kPiece}, at::TensorOptions().dtype(t)));
-  // Private aliases per member, re-pointed at each piece: (alias, base offset; -1 = scratch).
+  for (c10::ScalarType t : slots) scratch.push_back(at::empty({piece}, at::TensorOptions().dtype(t)));
+  // Private aliases per member, re-pointed at each piece.
+  struct Slice {
+    at::Tensor alias;
+    Cover cover;
+    int64_t base;  // storage offset; scratch starts every piece at 0
+    bool scratch;
+    void at(int64_t row, int64_t lo, int64_t len) const { point(alias, cover, base, row, scratch ? 0 : lo, len); }
+  };
   struct Prepared {
     std::vector<c10::IValue> args;
-    std::vector<std::pair<at::Tensor, int64_t>> slices, result_slices;
+    std::vector<Slice> slices, result_slices;
   };
   std::vector<Prepared> prepared(members.size());
   for (size_t m = 0; m < members.size(); ++m) {
@@ -102,30 +134,28 @@ void FusedGroup::run_range(int64_t begin, int64_t end) {
     p.args = call.args;
     p.result_slices.resize(call.results.size());
     for (const Operand& o : members[m].operands) {
+      if (o.cover == Cover::Row || o.cover == Cover::Single) continue;  // passed whole
       const at::Tensor& t = o.slot >= 0 ? scratch[o.slot] : o.result ? call.results[o.index] : call.args[o.index].toTensor();
-      auto slice = std::make_pair(slice_alias(t), o.slot >= 0 ? int64_t(-1) : t.storage_offset());
+      Slice slice{slice_alias(t), o.cover, o.slot >= 0 ? 0 : t.storage_offset(), o.slot >= 0};
       if (o.result) {
         p.result_slices[o.index] = std::move(slice);
       } else {
-        p.args[o.index] = slice.first;
+        p.args[o.index] = slice.alias;
         p.slices.push_back(std::move(slice));
       }
     }
   }
-  auto point = [](std::pair<at::Tensor, int64_t>& s, int64_t lo, int64_t len) {
-    s.second < 0 ? set_piece(s.first, 0, 0, len) : set_piece(s.first, s.second, lo, len);
-  };
-  for (int64_t lo = begin; lo < end; lo += kPiece) {
-    const int64_t len = std::min(kPiece, end - lo);
+  for (int64_t lo = begin; lo < end; lo += piece) {
+    const int64_t len = std::min(piece, end - lo);
     for (size_t m = 0; m < members.size(); ++m) {
       auto& p = prepared[m];
-      for (auto& s : p.slices) point(s, lo, len);
+      for (const Slice& s : p.slices) s.at(row, lo, len);
       torch::jit::Stack stack(p.args.begin(), p.args.end());
       try {
         members[m].call.op.callBoxed(&stack);
         for (size_t k = 0; k < p.result_slices.size(); ++k) {
-          point(p.result_slices[k], lo, len);
-          p.result_slices[k].first.copy_(stack[k].toTensor());
+          p.result_slices[k].at(row, lo, len);
+          p.result_slices[k].alias.copy_(stack[k].toTensor());
         }
       } catch (const std::exception& e) {
         throw std::runtime_error("in fused member " + members[m].call.name + ": " + e.what());
@@ -141,9 +171,13 @@ void FusedGroup::run() {
   const int64_t threads = at::get_num_threads();
   const int64_t tasks = (numel < grain || threads == 1) ? 1 : std::min(threads, (numel + grain - 1) / grain);
   const int64_t chunk = (numel + tasks - 1) / tasks;
-  if (tasks == 1) return run_range(0, numel);
+  // Pieces of whole rows match unfused execution only if every thread starts
+  // on a row; otherwise each member runs over everything in turn, as unfused.
+  if (row > 0 && tasks > 1 && chunk % row != 0) return run_range(0, numel, numel);
+  const int64_t piece = row == 0 ? kPiece : std::max<int64_t>(1, kPiece / row) * row;
+  if (tasks == 1) return run_range(0, numel, piece);
   at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) run_range(t * chunk, std::min(numel, (t + 1) * chunk));
+    for (int64_t t = b; t < e; ++t) run_range(t * chunk, std::min(numel, (t + 1) * chunk), piece);
   });
 }
 
@@ -167,35 +201,76 @@ void FusedGroup::elide(uintptr_t begin, uintptr_t end) {
   }
 }
 
-// The full-size operands of a call (all with the same numel, contiguous), or
-// false if the call cannot fuse.
-bool collect_operands(const ElementwiseCall& call, int64_t& numel, std::vector<Operand>& operands) {
-  numel = -1;
+// How `t` covers an iteration space of shape `full`, and the row length
+// that cover implies (0: none), or nullopt if it cannot take part.
+std::optional<std::pair<Cover, int64_t>> cover_of(const at::Tensor& t, c10::IntArrayRef full, int64_t numel) {
+  if (t.numel() == 1) return std::make_pair(Cover::Single, int64_t(0));
+  if (!t.is_contiguous() || t.dim() > int64_t(full.size())) return std::nullopt;
+  if (t.numel() == numel) return std::make_pair(Cover::Full, int64_t(0));
+  // Right-aligned against `full`: leading ones then full's trailing sizes
+  // (a row), or full's leading sizes then trailing ones (a column).
+  const int64_t lead = int64_t(full.size()) - t.dim();
+  auto size = [&](int64_t d) { return d < lead ? 1 : t.size(d - lead); };
+  int64_t k = 0;
+  while (k < int64_t(full.size()) && size(k) == 1) ++k;
+  bool row = k > 0;
+  for (int64_t d = k; d < int64_t(full.size()); ++d) row &= size(d) == full[d];
+  if (row) return std::make_pair(Cover::Row, c10::multiply_integers(full.begin() + k, full.end()));
+  k = int64_t(full.size());
+  while (k > 0 && size(k - 1) == 1) --k;
+  bool column = k < int64_t(full.size());
+  for (int64_t d = 0; d < k; ++d) column &= size(d) == full[d];
+  if (column) return std::make_pair(Cover::Column, c10::multiply_integers(full.begin() + k, full.end()));
+  return std::nullopt;
+}
+
+// The tensor operands of a call and the row length its broadcasting needs
+// (0: none), or false if the call cannot fuse. Outputs are contiguous and all
+// of one shape; inputs match it or broadcast as a row, a column or a single
+// element. Rows must be a multiple of every vector step, so that pieces of
+// whole rows start each member's vector loop where unfused execution does.
+bool collect_operands(const ElementwiseCall& call, int64_t& numel, int64_t& row, std::vector<Operand>& operands) {
   const auto& schema = call.op.schema();
   const bool inplace = !schema.name().empty() && schema.name().back() == '_';
-  std::vector<Operand> writes;
-  auto accept = [&](const at::Tensor& t, size_t index, bool result, bool written) {
-    if (!t.defined()) return false;
-    if (t.is_cpu() && t.dim() == 0 && !result) return true;  // a scalar, passed whole
-    if (!t.is_contiguous() || t.is_conj() || t.is_neg() || t.dim() == 0) return false;
-    if (numel < 0) numel = t.numel();
-    if (t.numel() != numel) return false;
-    auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
-    Operand o{index, result, written && !inplace, {p, p + t.nbytes(), t.itemsize()}, t.scalar_type()};
-    (written ? writes : operands).push_back(o);
-    return true;
+  struct Use {
+    const at::Tensor* t;
+    size_t index;
+    bool result, written;
   };
+  std::vector<Use> uses;
   for (size_t i = 0; i < call.args.size(); ++i) {
     const auto& a = call.args[i];
     if (a.isTensor()) {
       const auto* alias = i < schema.arguments().size() ? schema.arguments()[i].alias_info() : nullptr;
-      if (!accept(a.toTensor(), i, false, alias && alias->isWrite())) return false;
+      uses.push_back({&a.toTensor(), i, false, alias && alias->isWrite()});
     } else if (a.isTensorList() || a.isList() || a.isGenerator()) {
       return false;
     }
   }
-  for (size_t i = 0; i < call.results.size(); ++i)
-    if (!accept(call.results[i], i, true, true)) return false;
+  for (size_t i = 0; i < call.results.size(); ++i) uses.push_back({&call.results[i], i, true, true});
+  const at::Tensor* out = nullptr;
+  for (const Use& u : uses)
+    if (u.written) out = u.t;
+  if (!out || !out->defined() || out->dim() == 0) return false;
+  const c10::IntArrayRef full = out->sizes();
+  numel = out->numel();
+  row = 0;
+  std::vector<Operand> writes;
+  for (const Use& u : uses) {
+    const at::Tensor& t = *u.t;
+    if (!t.defined() || t.is_conj() || t.is_neg()) return false;
+    if (t.is_cpu() && t.dim() == 0 && !u.result) continue;  // a host scalar, passed whole
+    auto cover = cover_of(t, full, numel);
+    if (!cover || (u.written && cover->first != Cover::Full)) return false;
+    if (cover->second != 0) {
+      if ((row != 0 && row != cover->second) || cover->second % 128 != 0) return false;
+      row = cover->second;
+    }
+    auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    Operand o{u.index, u.result, u.written && !inplace, cover->first, {p, p + t.nbytes(), t.itemsize()},
+              t.scalar_type()};
+    (u.written ? writes : operands).push_back(o);
+  }
   operands.insert(operands.end(), writes.begin(), writes.end());
   return numel >= kMinNumel;
 }
@@ -239,13 +314,15 @@ bool is_elementwise(const c10::FunctionSchema& schema) {
 }
 
 bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
-  int64_t numel;
+  int64_t numel, row;
   std::vector<Operand> operands;
-  if (!collect_operands(call, numel, operands)) return false;
+  if (!collect_operands(call, numel, row, operands)) return false;
 
   bool merged = stream.amend_pending_tail([&](runtime::Task& tail) {
     FusedGroup* g = group_of(tail);
     if (!g || g->numel != numel || g->members.size() >= kMaxMembers || !g->compatible(operands)) return false;
+    if (row != 0 && g->row != 0 && row != g->row) return false;
+    if (row != 0) g->row = row;
     tail.name += "+" + call.name;
     g->members.push_back({std::move(call), std::move(operands)});
     if (g->members.size() == 2) record_fused(g->members.front().call.name, true);
@@ -258,6 +335,7 @@ bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
   state->first = &kFusedTag;
   FusedGroup& g = state->second;
   g.numel = numel;
+  g.row = row;
   std::string name = "fused:" + call.name;
   g.members.push_back({std::move(call), std::move(operands)});
   runtime::Task task;
