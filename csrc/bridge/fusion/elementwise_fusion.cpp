@@ -51,9 +51,9 @@ struct Range {
 // as `rows` x `row` (row = 0: no broadcasting in the group, one flat row).
 enum class Cover {
   Full,     // every element: cut into pieces
-  Row,      // one row, broadcast over the rows (a bias): passed whole to each piece
+  Row,      // one row, broadcast over the rows (a bias): all of it in every piece
   Column,   // one element per row, broadcast along it (a row statistic): cut by rows
-  Single,   // one element (any rank): passed whole
+  Single,   // one element (any rank, so it keeps its weight in type promotion)
 };
 
 // A tensor operand of a member: an argument (or, for a functional call
@@ -96,18 +96,26 @@ at::Tensor slice_alias(const at::Tensor& t) {
 
 // Re-points `slice` (an operand's private alias, `base` its storage offset)
 // at elements [lo, lo + len) of the iteration space: a flat piece, or whole
-// rows when the group broadcasts.
+// rows (`len / row` of them) when the group broadcasts.
 void point(const at::Tensor& slice, Cover cover, int64_t base, int64_t row, int64_t lo, int64_t len) {
   auto* impl = slice.unsafeGetTensorImpl();
-  if (row == 0) {
-    const int64_t size[1] = {len}, stride[1] = {1};
-    impl->set_sizes_and_strides(size, stride, base + lo);
-  } else if (cover == Cover::Full) {
-    const int64_t size[2] = {len / row, row}, stride[2] = {row, 1};
-    impl->set_sizes_and_strides(size, stride, base + lo);
-  } else {  // Column
-    const int64_t size[2] = {len / row, 1}, stride[2] = {1, 1};
-    impl->set_sizes_and_strides(size, stride, base + lo / row);
+  const int64_t ones[2] = {1, 1};
+  switch (cover) {
+    case Cover::Full: {
+      if (row == 0) return impl->set_sizes_and_strides(c10::IntArrayRef(&len, 1), c10::IntArrayRef(ones, 1), base + lo);
+      const int64_t rows[2] = {len / row, row}, stride[2] = {row, 1};
+      return impl->set_sizes_and_strides(rows, stride, base + lo);
+    }
+    case Cover::Row: {
+      const int64_t size[1] = {row};
+      return impl->set_sizes_and_strides(size, c10::IntArrayRef(ones, 1), base);
+    }
+    case Cover::Column: {
+      const int64_t size[2] = {len / row, 1};
+      return impl->set_sizes_and_strides(size, ones, base + lo / row);
+    }
+    case Cover::Single:
+      return impl->set_sizes_and_strides(c10::IntArrayRef(ones, row == 0 ? 1 : 2), ones, base);
   }
 }
 
@@ -134,7 +142,6 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
     p.args = call.args;
     p.result_slices.resize(call.results.size());
     for (const Operand& o : members[m].operands) {
-      if (o.cover == Cover::Row || o.cover == Cover::Single) continue;  // passed whole
       const at::Tensor& t = o.slot >= 0 ? scratch[o.slot] : o.result ? call.results[o.index] : call.args[o.index].toTensor();
       Slice slice{slice_alias(t), o.cover, o.slot >= 0 ? 0 : t.storage_offset(), o.slot >= 0};
       if (o.result) {
