@@ -149,6 +149,25 @@ def test_broadcast_operands_fuse(fusion, rows):
     torch.testing.assert_close(fused.cpu(), torch.exp(torch.nn.functional.silu(cpu[0] * cpu[1] + cpu[2]) - cpu[3]) / 3)
 
 
+def test_broadcast_of_trailing_dims_and_single_elements(fusion):
+    x = torch.randn(4, 64, 128, device="neuron")
+    pos = torch.randn(64, 128, device="neuron")  # a [T, D] row against [B, T, D]
+    gain = torch.tensor([[1.5]], dtype=torch.float64, device="neuron")  # one element, rank 2, float64
+
+    def program():
+        return torch.relu((x + pos) * gain) - 0.5
+
+    torchneuron.clear_op_tracking()
+    _busy()
+    fused = program()
+    assert torchneuron._C._fused_groups() == 1
+    fusion(False)
+    _busy()
+    unfused = program()
+    assert fused.dtype == unfused.dtype == torch.float64  # a rank-2 tensor keeps its weight in promotion
+    _bits_equal(fused, unfused)
+
+
 def test_adamw_for_loop_update_fuses_and_matches(fusion):
     def step(on):
         fusion(on)
