@@ -99,7 +99,7 @@ class _Slot:
 class _Step:
     """One recorded piece of device work: ``fn(*tree_unflatten(template))``
     with the tensor arguments ``patches`` = [(position, ref)] filled in."""
-    __slots__ = ("kind", "fn", "spec", "template", "patches", "copies", "name")
+    __slots__ = ("kind", "fn", "spec", "template", "patches", "copies", "name", "key", "prepared")
 
     def __init__(self, kind, fn, spec, template, patches, copies=(), name=""):
         # kind: "cpp" (C entry point, integer arguments), "binding" (the
@@ -108,6 +108,21 @@ class _Step:
         # copied into the memory recorded for them
         self.kind, self.fn, self.spec, self.template = kind, fn, spec, template
         self.patches, self.copies, self.name = patches, list(copies), name
+        # the arguments built for the previous replay, reused while the
+        # per-call tensors sit at the same addresses (parameters always do;
+        # outputs and activations often do, freed and reallocated in turn)
+        self.key, self.prepared = None, None
+
+    def prepare(self, dyn):
+        """(args, kwargs, copy targets) for an operator or binding step."""
+        flat = list(self.template)
+        for p, k, ref in self.patches:
+            flat[p] = _view(dyn[k], ref)
+        targets = [t if isinstance(t, torch.Tensor) else _view(dyn[t[0]], t[1]) for _, t in self.copies]
+        if self.kind == "binding":
+            return flat, {}, targets
+        a, kw = tree_unflatten(flat, self.spec)
+        return a, kw, targets
 
 
 class Recorder(TorchDispatchMode):
@@ -345,30 +360,27 @@ class Recording:
     def _run(self, cpu, n, hosts) -> None:
         """The replay task: every recorded step, in order."""
         dyn = list(hosts[:n]) + cpu
+        ptrs = [t.data_ptr() for t in dyn]
         call_cpp = _C._call_cpp_kernel
         for step in self.steps:
-            flat = step.template
-            if step.patches:
-                flat = list(flat)
-                if step.kind == "cpp":
-                    for p, k, ref in step.patches:
-                        flat[p] = dyn[k].data_ptr() + ref.rel
-                else:
-                    for p, k, ref in step.patches:
-                        flat[p] = _view(dyn[k], ref)
             if step.kind == "cpp":
+                flat = step.template
+                if step.patches:
+                    flat = list(flat)
+                    for p, k, ref in step.patches:
+                        flat[p] = ptrs[k] + ref.rel
                 call_cpp(step.fn, flat)   # releases the GIL while the kernel runs
-            elif step.kind == "binding":
-                step.fn(*flat)
-            else:
-                a, kw = tree_unflatten(flat, step.spec)
-                out = step.fn(*a, **kw)
-                if step.copies:
-                    flat_out = tree_flatten(out)[0]
-                    for j, target in step.copies:
-                        if isinstance(target, tuple):
-                            target = _view(dyn[target[0]], target[1])
-                        target.copy_(flat_out[j])
+                continue
+            key = tuple(ptrs[k] for _, k, _ in step.patches) + \
+                tuple(ptrs[t[0]] for _, t in step.copies if isinstance(t, tuple))
+            if key != step.key:
+                step.key, step.prepared = key, step.prepare(dyn)
+            a, kw, targets = step.prepared
+            out = step.fn(*a, **kw)
+            if targets:
+                flat_out = tree_flatten(out)[0]
+                for (j, _), target in zip(step.copies, targets):
+                    target.copy_(flat_out[j])
 
 
 class ReplayGraph:
