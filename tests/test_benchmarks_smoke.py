@@ -17,7 +17,7 @@ def test_benchmark_smoke_run(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
 
     assert {"machine", "config", "limits", "tiny_ops", "large_ops", "end_to_end", "memory", "profile",
-            "targets", "elapsed_s"} <= set(res)
+            "compiled", "targets", "elapsed_s"} <= set(res)
     assert res["config"]["smoke"] is True
     for key in ("cpu_model", "logical_cores", "torch_version", "date"):
         assert res["machine"][key]
@@ -33,9 +33,13 @@ def test_benchmark_smoke_run(tmp_path):
     for r in res["memory"].values():
         assert r["neuron_peak_allocated_bytes"] > 0 and r["reserved_over_allocated"] >= 1.0
     assert res["profile"]["components"]["ops_per_step"] > 0
-    assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "end to end", "memory"}
+    c = res["compiled"]["workloads"]["mlp_infer"]
+    for v in ("cpu_inductor", "neuron_eager", "neuron_compiled", "neuron_reduce_overhead"):
+        assert c[v]["s"] > 0
+    assert res["compiled"]["replay_stats"]["replays"] > 0, res["compiled"]
+    assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "end to end", "memory", "compiled"}
 
     md = (tmp_path / "RESULTS.md").read_text()
-    assert "Smoke run" in md and "Where the time goes" in md
-    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png"):
+    assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md
+    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "compiled.png"):
         assert (tmp_path / png).stat().st_size > 0
