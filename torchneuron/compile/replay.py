@@ -300,7 +300,6 @@ class Recording:
             step.copies = [(j, self._where(r)) for j, r in step.copies]
         self.out_spec = out_spec
         self.outs = [self._where(r) if isinstance(r, _Ref) else r for r in out_refs]
-        self.kernels = sum(s.kind != "op" for s in self.steps)
         # Bind the static slots' host aliases before the first replay (same stream: in order).
         if self.static:
             python_task(f"compiled::replay_setup{name}", self.static, self._bind_static)
@@ -344,8 +343,8 @@ class Recording:
         outs = []
         for r in self.outs:
             if isinstance(r, tuple):
-                _, k, ref = r
-                t = tensors[k]
+                static, k, ref = r
+                t = self.static[k] if static else tensors[k]
                 if ref.geom is not None:
                     size, stride, dtype = ref.geom
                     if dtype != t.dtype:
