@@ -6,7 +6,7 @@ import os
 
 from .common import fmt_bytes, fmt_time
 
-TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX = 1.5, 0.95, 1.0, 1.3
+TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX, COMPILED_MIN = 1.5, 0.95, 1.0, 1.3, 1.0
 CHAIN_MIN, CHAIN_BW_MIN = 2.0, 0.7
 ANALYSIS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
 
@@ -34,10 +34,20 @@ def targets(res: dict) -> list[dict]:
             r = res["end_to_end"][w]
             add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
                 r["speed_vs_cpu"] >= E2E_MIN)
+    rows += compiled_targets(res)
     for w, r in res.get("memory", {}).items():
         add("memory", w, "max_memory_reserved / max_memory_allocated", r["reserved_over_allocated"],
             f"<= {RESERVED_MAX}", r["reserved_over_allocated"] <= RESERVED_MAX)
     return rows
+
+
+def compiled_targets(res: dict) -> list[dict]:
+    """Compiled neuron (the better of default and reduce-overhead) at least as
+    fast as Inductor on the CPU backend, per workload."""
+    return [{"group": "compiled", "name": w, "figure": "compiled neuron speed / Inductor CPU speed",
+             "value": r["best_speed_vs_cpu_inductor"], "threshold": f">= {COMPILED_MIN}",
+             "met": bool(r["best_speed_vs_cpu_inductor"] >= COMPILED_MIN)}
+            for w, r in res.get("compiled", {}).get("workloads", {}).items()]
 
 
 # -- plots ---------------------------------------------------------------------------
@@ -87,6 +97,21 @@ def plots(res: dict, out: str) -> list[str]:
 
     if "nki_kernels" in res:
         save(_nki_kernels_plot(res["nki_kernels"], plt), "nki_kernels.png")
+    if "compiled" in res:
+        ws = res["compiled"]["workloads"]
+        names = list(ws)
+        fig, ax = plt.subplots(figsize=(9, 4))
+        w = 0.27
+        for i, (key, label) in enumerate((("compiled_speed_vs_cpu_inductor", "default"),
+                                          ("best_speed_vs_cpu_inductor", "best of default / reduce-overhead"),
+                                          ("compiled_speed_vs_eager", "default vs eager neuron"))):
+            ax.bar([j + (i - 1) * w for j in range(len(names))], [ws[n][key] for n in names], w, label=label)
+        ax.axhline(COMPILED_MIN, color="gray", ls="--", lw=0.8)
+        ax.set_xticks(range(len(names)), names)
+        ax.set_ylabel("speed ratio (higher: compiled neuron faster)")
+        ax.set_title("torch.compile: neuron vs Inductor CPU (first two) and vs eager neuron")
+        ax.legend(fontsize=8)
+        save(fig, "compiled.png")
     if "large_ops" in res:
         ratio_plot("large_ops", "large_ops.png", "Large operators: neuron vs CPU (higher is better)", LARGE_MIN)
     if "end_to_end" in res:
@@ -189,6 +214,9 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         if "end_to_end.png" in plot_files:
             s.append("\n![end to end](end_to_end.png)\n")
 
+    if "compiled" in res:
+        s.append(compiled_markdown(res["compiled"], "compiled.png" in plot_files))
+
     if "memory" in res:
         s.append("## Memory\n\nPeak over building the model and running a few steps. neuron: the device "
                  "allocator (after `empty_cache` and `reset_peak_memory_stats`). CPU: growth of the "
@@ -271,3 +299,42 @@ def _nki_kernels_plot(res: dict, plt):
         ax.set_title(f"{name}: {r['shape']}", fontsize=9)
         ax.invert_yaxis()
     return fig
+
+
+def compiled_markdown(c: dict, plot: bool) -> str:
+    s = ["## torch.compile\n\nSame models, weights and batches in one process: Inductor on the CPU backend "
+         "(`backend=\"inductor\"`), eager `neuron`, `backend=\"neuron\"` (default mode) and "
+         "`mode=\"reduce-overhead\"` (recorded device work replayed as one task). Per step or inference call, "
+         "completed (device synchronised). `train`: compiled forward + AOTAutograd backward + eager SGD; "
+         "`infer`: forward under `no_grad`.\n"]
+    rows = []
+    for w, r in c["workloads"].items():
+        t = {v: r[v]["s"] for v in ("cpu_inductor", "neuron_eager", "neuron_compiled", "neuron_reduce_overhead")}
+        rows.append((w, *(fmt_time(x) for x in t.values()), f"{r['compiled_speed_vs_cpu_inductor']:.2f}",
+                     f"{r['best_speed_vs_cpu_inductor']:.2f}", f"{r['compiled_speed_vs_eager']:.2f}",
+                     f"{r['reduce_overhead_speed_vs_default']:.2f}"))
+    s.append(_table(["workload", "Inductor CPU", "eager neuron", "compiled neuron", "reduce-overhead",
+                     "compiled / Inductor CPU", "best / Inductor CPU", "compiled / eager", "r-o / default"], rows))
+    s.append("\nRatios are speeds (higher: the first named is faster).\n")
+    host = {w: r["host_per_call_s"] for w, r in c["workloads"].items() if "host_per_call_s" in r}
+    if host:
+        s.append("\nHost time to issue one call while the device is busy (what the host thread pays):\n\n")
+        s.append(_table(["workload", "eager neuron", "compiled (default)", "reduce-overhead"],
+                        [(w, *(fmt_time(h[v]) for v in ("neuron_eager", "neuron_compiled", "neuron_reduce_overhead")))
+                         for w, h in host.items()]))
+    st = c.get("replay_stats", {})
+    s.append(f"\nreduce-overhead: {st.get('recordings', 0)} graphs recorded, {st.get('replays', 0)} replays, "
+             f"{st.get('not_recordable', 0)} graphs not recordable"
+             + "".join(f"; {g}: {why}" for g, why in c.get("replay_reasons", {}).items()) + ".\n")
+    lat = c.get("compile_latency")
+    if lat:
+        s.append(f"\nCompile latency ({lat['workload']}: first training step, compile included), each in a fresh "
+                 "process: *cold* with an empty Inductor cache directory, *cached* in a second process reusing it.\n\n")
+        s.append(_table(["backend", "cold first call", "cached first call", "cold process total",
+                         "cached process total"],
+                        [(b, fmt_time(lat[b]["cold"]["first_call_s"]), fmt_time(lat[b]["cached"]["first_call_s"]),
+                          fmt_time(lat[b]["cold"]["process_s"]), fmt_time(lat[b]["cached"]["process_s"]))
+                         for b in ("neuron", "cpu_inductor")]))
+    if plot:
+        s.append("\n![compiled](compiled.png)\n")
+    return "\n".join(s)

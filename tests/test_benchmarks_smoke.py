@@ -17,7 +17,7 @@ def test_benchmark_smoke_run(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
 
     assert {"machine", "config", "limits", "tiny_ops", "large_ops", "end_to_end", "memory", "profile",
-            "nki_kernels", "targets", "elapsed_s"} <= set(res)
+            "nki_kernels", "compiled", "targets", "elapsed_s"} <= set(res)
     assert res["config"]["smoke"] is True
     for key in ("cpu_model", "logical_cores", "torch_version", "date"):
         assert res["machine"][key]
@@ -36,10 +36,15 @@ def test_benchmark_smoke_run(tmp_path):
     for r in res["nki_kernels"].values():   # matmul, attention: emulator, NumPy and PyTorch times
         assert r["numpy_replay_s"] > 0 and r["neuron_replay_s"] > 0 and r["numpy_loop_nest_s"] > 0
         assert r["cache_info"]["replays"] > 0 and r["max_abs_diff_vs_numpy"] < 0.1
-    assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "end to end", "memory"}
+    c = res["compiled"]["workloads"]["mlp_infer"]
+    for v in ("cpu_inductor", "neuron_eager", "neuron_compiled", "neuron_reduce_overhead"):
+        assert c[v]["s"] > 0
+    assert res["compiled"]["replay_stats"]["replays"] > 0, res["compiled"]
+    assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "fusion", "end to end", "memory",
+                                                    "compiled"}
 
     md = (tmp_path / "RESULTS.md").read_text()
-    assert "Smoke run" in md and "Where the time goes" in md
+    assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md
     assert "NKI kernels on the emulator" in md
-    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "nki_kernels.png"):
+    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "nki_kernels.png", "compiled.png"):
         assert (tmp_path / png).stat().st_size > 0

@@ -30,6 +30,8 @@ DEV = torch.device("neuron")
 def _fresh_dynamo():
     torch._dynamo.reset()
     tnc.backend.stats.clear()
+    tnc.replay.stats.clear()
+    tnc.replay.reasons.clear()
     yield
     torch._dynamo.reset()
 
@@ -217,6 +219,82 @@ def test_cpu_input_is_a_clear_error():
     torch._dynamo.reset()
     out = torch.compile(f, backend="neuron", options={"allow_cpu_inputs": True})(x)
     _close(out, x @ w.cpu())
+
+
+# ------------------------------------------------------------------ reduce-overhead: record and replay
+
+def _mlp():
+    return nn.Sequential(nn.Linear(12, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 5))
+
+
+def test_reduce_overhead_replays_with_fresh_outputs():
+    torch.manual_seed(0)
+    model = _mlp()
+    m = copy.deepcopy(model).to(DEV)
+    cm = torch.compile(m, backend="neuron", mode="reduce-overhead")
+    xs = [torch.randn(16, 12) for _ in range(5)]
+    torchneuron.clear_op_tracking()
+    with torch.no_grad():
+        outs = [cm(x.to(DEV)) for x in xs]   # warm-up, record, then 3 replays
+    # every output still holds its own call's result: replays do not overwrite earlier outputs
+    for x, out in zip(xs, outs):
+        _close(out, model(x), atol=1e-5)
+    assert tnc.replay.stats["recordings"] == 1 and tnc.replay.stats["replays"] == 3, dict(tnc.replay.stats)
+    ops = torchneuron.get_executed_ops()
+    replays = [k for k in ops if k.startswith("compiled::replay") and "setup" not in k]
+    assert replays and sum(ops[k] for k in replays) == 3, ops
+
+
+def test_reduce_overhead_training_matches_default():
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 12), torch.randint(0, 5, (16,))
+    losses = _three_way(_mlp, x, y, F.cross_entropy, steps=5, mode="reduce-overhead")
+    # forward and backward graphs recorded once each, then replayed
+    assert tnc.replay.stats["recordings"] == 2, dict(tnc.replay.stats)
+    assert tnc.replay.stats["replays"] == 6, dict(tnc.replay.stats)
+    assert losses[-1] < losses[0]
+
+
+def test_reduce_overhead_input_mutation_and_new_shapes():
+    def f(buf, x):
+        buf.add_(x.sum(0))          # an input mutated in place, as optimizer steps do
+        return torch.relu(x * 2) + buf
+
+    cf = torch.compile(f, backend="neuron", mode="reduce-overhead", dynamic=True)
+    buf_ref, buf = torch.zeros(4), torch.zeros(4, device=DEV)
+    for n in (3, 3, 3, 3, 5, 5, 5):
+        x = torch.randn(n, 4)
+        ref = f(buf_ref, x)
+        _close(cf(buf, x.to(DEV)), ref, atol=1e-5)
+        _close(buf, buf_ref, atol=1e-5)
+    # one graph, one recording per size, replays of both
+    assert tnc.backend.stats["graphs"] == 1
+    assert tnc.replay.stats["recordings"] == 2 and tnc.replay.stats["replays"] == 3, dict(tnc.replay.stats)
+
+
+def test_reduce_overhead_falls_back_with_a_reason():
+    f = torch.compile(lambda x: F.dropout(x, 0.5, training=True) * 2, backend="neuron", mode="reduce-overhead")
+    x = torch.ones(64, device=DEV)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        outs = [f(x) for _ in range(4)]
+    assert tnc.replay.stats["replays"] == 0 and tnc.replay.stats["not_recordable"] == 1
+    assert any("random operator" in r for r in tnc.replay.reasons.values()), tnc.replay.reasons
+    assert any("runs without replay" in str(m.message) for m in w)
+    for o in outs:   # still dropout: zeros and 2 / (1 - p)
+        assert set(o.cpu().unique().tolist()) <= {0.0, 4.0}
+    assert not torch.equal(outs[2].cpu(), outs[3].cpu())
+
+
+def test_compiled_kernel_error_is_raised_not_a_crash():
+    # an out-of-range index trips the generated kernel's bounds check, which
+    # throws inside the device task (C entry point, no Python)
+    f = torch.compile(lambda w, i: w[i] * 2, backend="neuron")
+    w = torch.randn(8, 4, device=DEV)
+    _close(f(w, torch.tensor([1, 7], device=DEV)), w.cpu()[[1, 7]] * 2)
+    with pytest.raises(RuntimeError, match="out of bounds|index"):
+        f(w, torch.tensor([1, 9], device=DEV))
+        torch.neuron.synchronize()
 
 
 # ------------------------------------------------------------------ streams, random

@@ -9,6 +9,7 @@
 #include "generator.h"
 #include "fusion/elementwise_fusion.h"
 #include "op_tracking.h"
+#include "python_tasks.h"
 
 namespace py = pybind11;
 using namespace torchneuron;
@@ -104,4 +105,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_elided_intermediates", &elided_intermediates);
   m.def("_set_adaptive_eager", &set_adaptive_eager);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
+  // Generated C++ kernels of torch.compile (torchneuron/compile/launch.py).
+  m.def("_launch_cpp_kernel", &launch_cpp_kernel, py::arg("fn"), py::arg("name"), py::arg("device"),
+        py::arg("args"));
+  m.def("_call_cpp_kernel", &call_cpp_kernel, py::arg("fn"), py::arg("args"),
+        py::call_guard<py::gil_scoped_release>());
 }

@@ -16,6 +16,17 @@
 // tensors: memory freed on the host returns to its stream's pool and is
 // reused only by later work of that stream (the caching allocator's stream
 // order). Registered statically: loading torchneuron._C is enough.
+//
+// Generated C++ kernels of torch.compile (Inductor's `extern "C" void
+// kernel(T0 a0, ...)`) need no Python at all (python_tasks.h):
+//   launch_cpp_kernel   queues ONE task calling the kernel's entry point with
+//                       the given integer/pointer arguments (no GIL taken);
+//   call_cpp_kernel     calls it on this thread (the caller releases the GIL).
+#include "python_tasks.h"
+
+#include <array>
+#include <utility>
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/DeviceGuard.h>
@@ -55,7 +66,51 @@ void launch_python_task(int64_t call, c10::string_view name, at::TensorList tens
   });
 }
 
+// Every argument of an Inductor C++ kernel we call this way is a pointer or
+// an int64_t (the launcher checks; float arguments keep the Python binding).
+// Both are passed in the same integer registers / 8-byte stack slots by the
+// x86-64 SysV and AArch64 calling conventions, so a kernel taking N of them
+// can be called through `void(*)(int64_t x N)`.
+constexpr size_t kMaxKernelArgs = 64;
+using Caller = void (*)(void*, const int64_t*);
+
+template <size_t... I>
+void call_with(void* fn, const int64_t* a, std::index_sequence<I...>) {
+  using Fn = void (*)(decltype((void)I, int64_t{})...);
+  reinterpret_cast<Fn>(fn)(a[I]...);
+}
+
+template <size_t N>
+void call_n(void* fn, const int64_t* a) {
+  call_with(fn, a, std::make_index_sequence<N>{});
+}
+
+template <size_t... N>
+constexpr std::array<Caller, sizeof...(N)> caller_table(std::index_sequence<N...>) {
+  return {&call_n<N>...};
+}
+
+constexpr auto kCallers = caller_table(std::make_index_sequence<kMaxKernelArgs + 1>{});
+
 } // namespace
+
+void call_cpp_kernel(int64_t fn, const std::vector<int64_t>& args) {
+  TORCH_CHECK(fn != 0, "compiled kernel: null entry point");
+  TORCH_CHECK(args.size() <= kMaxKernelArgs, "compiled kernel: ", args.size(), " arguments, at most ",
+              kMaxKernelArgs, " supported");
+  kCallers[args.size()](reinterpret_cast<void*>(fn), args.data());
+}
+
+void launch_cpp_kernel(int64_t fn, const std::string& name, c10::DeviceIndex device, std::vector<int64_t> args) {
+  TORCH_CHECK(args.size() <= kMaxKernelArgs, name, ": ", args.size(), " arguments, at most ", kMaxKernelArgs,
+              " supported");
+  if (device < 0) device = current_device();
+  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  record_execution(c10::OperatorName(name, ""), Execution::Queued);
+  translate_errors([&] {
+    current_runtime_stream(device).enqueue(name, [fn, args = std::move(args)]() { call_cpp_kernel(fn, args); });
+  });
+}
 
 TORCH_LIBRARY(torchneuron, m) {
   m.def("launch_python_task(int call, str name, Tensor(a!)[] tensors) -> ()");

@@ -50,6 +50,7 @@ def _register_backend() -> None:
 _register_dynamo()
 _register_backend()
 
+from . import replay  # noqa: E402  (mode="reduce-overhead"; imports no Inductor)
 from .backend import MODES, NeuronCompileError, neuron_backend  # noqa: E402
 
-__all__ = ["register", "neuron_backend", "NeuronCompileError", "MODES"]
+__all__ = ["register", "neuron_backend", "NeuronCompileError", "MODES", "replay"]

@@ -5,8 +5,9 @@
 * Dynamo hands each graph here; AOTAutograd (inside Inductor's ``compile_fx``)
   splits forward and backward, Inductor lowers both and generates C++ kernels
   plus a Python wrapper that queues them on the current stream.
-* ``mode``: ``"default"``, ``"reduce-overhead"``, ``"max-autotune"``,
-  ``"max-autotune-no-cudagraphs"`` are accepted (see :data:`MODES`).
+* ``mode``: ``"default"``, ``"reduce-overhead"`` (record and replay each
+  graph's device work, replay.py), ``"max-autotune"``,
+  ``"max-autotune-no-cudagraphs"`` (see :data:`MODES`).
 * ``options``: Inductor config keys (as for ``backend="inductor"``) plus
   ``fallback_execution`` (bool: run a graph that fails to compile eagerly,
   with a warning, instead of raising) and ``allow_cpu_inputs`` (bool: accept
@@ -22,10 +23,10 @@ from typing import Any
 
 import torch
 
-# Inductor config for each mode. CUDA graphs do not exist here: our generated
-# wrapper already queues one task per kernel with no per-launch host work
-# beyond the queueing, so "reduce-overhead" keeps Inductor's defaults and
-# "max-autotune" turns on Inductor's autotuning flags without CUDA graphs.
+# Inductor config for each mode. CUDA graphs do not exist here:
+# "reduce-overhead" records and replays each graph's device tasks instead
+# (replay.py; Inductor's own config unchanged) and "max-autotune" turns on
+# Inductor's autotuning flags without CUDA graphs.
 MODES: dict[str, dict[str, Any]] = {
     "default": {},
     "reduce-overhead": {},
@@ -87,6 +88,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     config_patches = {**MODES[mode], **options}
     _check_inputs(gm, example_inputs, allow_cpu)
     try:
+        if mode == "reduce-overhead":
+            return _compile_for_replay(gm, example_inputs, config_patches)
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     except Exception as e:
         label = _graph_label(gm)
@@ -97,3 +100,18 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
             return gm.forward
         raise NeuronCompileError(f"torch.compile(backend='neuron') failed to compile {label}: "
                                  f"{type(e).__name__}: {e}") from e
+
+
+def _compile_for_replay(gm, example_inputs, config_patches):
+    """compile_fx with Inductor's inner compiler wrapped (replay.py). A hit in
+    AOTAutograd's cache would return graphs without calling the inner
+    compiler, so that cache is off here; Inductor's FX graph cache (the
+    generated code) still serves."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor.compile_fx import compile_fx
+
+    from .replay import inner_compile
+
+    with functorch_config.patch(enable_autograd_cache=False):
+        return compile_fx(gm, example_inputs, inner_compile=inner_compile(_graph_label(gm)),
+                          config_patches=config_patches)

@@ -1,0 +1,451 @@
+"""``mode="reduce-overhead"``: record a compiled graph's device work once,
+then replay it as ONE device task per call (our counterpart of CUDA graphs).
+
+Each graph Inductor compiles (the forward and the backward of a training
+step are two graphs) is wrapped in a :class:`ReplayGraph`:
+
+1. warm-up: the first call per signature (the graph's non-tensor arguments,
+   i.e. its sizes under dynamic shapes) runs normally;
+2. record: the second call runs normally too, while a dispatch mode and the
+   kernel launcher (launch.py) write down every piece of device work in order:
+   generated C++ kernels with their arguments, and the ATen operators the
+   wrapper calls (``mm``, convolutions, fallbacks, copies). Each tensor
+   argument is written down as *where its memory lives*: a graph input, a
+   buffer the graph allocated, or a tensor from outside (constants);
+3. replay: later calls queue one task ``compiled::replay<N>`` that runs the
+   recorded list on CPU aliases of device memory, kernels through their C
+   entry points with the GIL released. The host does no per-kernel work:
+   it allocates the outputs and queues the task.
+
+Memory, as with CUDA graphs: intermediate buffers are allocated once at
+recording and reused by every replay (they stay reserved while the compiled
+graph lives). Inputs are used in place, so new input tensors need no copy
+into static buffers, and mutations of inputs (optimizer steps, BatchNorm
+statistics) land where they should. **Outputs are fresh tensors per call**
+(one allocation each), so, unlike CUDA graph outputs, a later replay never
+overwrites the results of an earlier one.
+
+A graph that cannot be recorded runs normally from then on, and the reason
+is kept in :data:`reasons` (and warned once): random operators (a replay
+would repeat the same numbers), data-dependent operators (their sizes or
+values reach the host), CPU tensors or host computations inside the graph,
+Python device tasks (NKI kernels). A call on another stream than the one
+recorded, or with inputs that no longer share memory the way they did when
+recorded, runs normally too (counted in ``stats["normal_calls"]``).
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import warnings
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from .. import _C
+from .._python_tasks import launch as python_task
+from . import launch as _launch
+
+WARMUP_CALLS = 1      # normal calls per signature before recording
+MAX_RECORDINGS = 8    # signatures recorded per graph; more run normally
+
+#: counters: "recordings", "replays", "normal_calls" (calls of a recorded
+#: graph that ran normally), "not_recordable" (graphs that cannot be recorded)
+stats: collections.Counter = collections.Counter()
+#: graph name -> why it runs without replay
+reasons: dict[str, str] = {}
+
+_graph_ids = itertools.count(1)
+_aten = torch.ops.aten
+_ALLOCATIONS = (_aten.empty_strided.default, _aten.empty.memory_format)
+_HOST_STATE_OPS = (_aten.set_, _aten.resize_, _aten.record_stream, _aten._local_scalar_dense, _aten.item)
+
+
+class NotRecordable(Exception):
+    pass
+
+
+class _Ref:
+    """A tensor argument: slot ``slot`` at byte offset ``rel`` from the slot
+    tensor's data pointer, with geometry ``geom`` (None: the slot tensor itself)."""
+    __slots__ = ("slot", "rel", "geom")
+
+    def __init__(self, slot, rel, geom):
+        self.slot, self.rel, self.geom = slot, rel, geom
+
+
+def _view(h: torch.Tensor, ref: _Ref) -> torch.Tensor:
+    if ref.geom is None:
+        return h
+    size, stride, dtype = ref.geom
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    offset = (h.storage_offset() * h.element_size() + ref.rel) // itemsize
+    return torch.empty(0, dtype=dtype, device=h.device).set_(h.untyped_storage(), offset, size, stride)
+
+
+class _Slot:
+    __slots__ = ("kind", "tensor", "index")
+
+    def __init__(self, kind, tensor, index=None):
+        # kind: "input" / "cpu_input" (graph argument `index`), "buffer"
+        # (allocated by the graph), "output" (a buffer the graph returns),
+        # "external" (neuron memory from outside the graph, e.g. constants)
+        self.kind, self.tensor, self.index = kind, tensor, index
+
+
+class _Step:
+    """One recorded piece of device work: ``fn(*tree_unflatten(template))``
+    with the tensor arguments ``patches`` = [(position, ref)] filled in."""
+    __slots__ = ("kind", "fn", "spec", "template", "patches", "copies", "name", "key", "prepared")
+
+    def __init__(self, kind, fn, spec, template, patches, copies=(), name=""):
+        # kind: "cpp" (C entry point, integer arguments), "binding" (the
+        # Python binding of a kernel), "op" (an ATen operator); copies:
+        # [(output position, ref)] for operators that return new tensors,
+        # copied into the memory recorded for them
+        self.kind, self.fn, self.spec, self.template = kind, fn, spec, template
+        self.patches, self.copies, self.name = patches, list(copies), name
+        # the arguments built for the previous replay, reused while the
+        # per-call tensors sit at the same addresses (parameters always do;
+        # outputs and activations often do, freed and reallocated in turn)
+        self.key, self.prepared = None, None
+
+    def prepare(self, dyn):
+        """(args, kwargs, copy targets) for an operator or binding step."""
+        flat = list(self.template)
+        for p, k, ref in self.patches:
+            flat[p] = _view(dyn[k], ref)
+        targets = [t if isinstance(t, torch.Tensor) else _view(dyn[t[0]], t[1]) for _, t in self.copies]
+        if self.kind == "binding":
+            return flat, {}, targets
+        a, kw = tree_unflatten(flat, self.spec)
+        return a, kw, targets
+
+
+class Recorder(TorchDispatchMode):
+    """Runs a graph call normally and writes down its device work."""
+
+    def __init__(self, args):
+        super().__init__()
+        self.failed: str | None = None
+        self.slots: list[_Slot] = []
+        self.by_storage: dict[int, int] = {}
+        self.cpu_inputs: dict[int, int] = {}
+        self.shared_inputs: list[tuple[int, int]] = []
+        self.steps: list[_Step] = []
+        self.own_tasks = 0
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.device.type == "neuron":
+                    key = a.untyped_storage().data_ptr()
+                    if key in self.by_storage:
+                        self.shared_inputs.append((self.slots[self.by_storage[key]].index, i))
+                    else:
+                        self._add("input", a, i)
+                elif a.device.type == "cpu":
+                    self.cpu_inputs[id(a)] = self._add("cpu_input", a, i)
+
+    def fail(self, reason: str) -> None:
+        if self.failed is None:
+            self.failed = reason
+
+    def _add(self, kind, t, index=None) -> int:
+        self.slots.append(_Slot(kind, t, index))
+        if t.device.type == "neuron":
+            self.by_storage[t.untyped_storage().data_ptr()] = len(self.slots) - 1
+        return len(self.slots) - 1
+
+    def _ref(self, t: torch.Tensor):
+        if t.device.type == "cpu":
+            s = self.cpu_inputs.get(id(t))
+            if s is None:
+                if t.dim() == 0:
+                    return None   # a host scalar: kept as a constant
+                raise NotRecordable(f"a CPU tensor {tuple(t.shape)} is used inside the graph")
+        elif t.device.type == "neuron":
+            s = self.by_storage.get(t.untyped_storage().data_ptr())
+            if s is None:
+                s = self._add("external", t)
+        else:
+            raise NotRecordable(f"a tensor on {t.device} is used inside the graph")
+        base = self.slots[s].tensor
+        rel = t.data_ptr() - base.data_ptr()
+        same = (rel == 0 and t.dtype == base.dtype and t.shape == base.shape and t.stride() == base.stride())
+        return _Ref(s, rel, None if same else (tuple(t.shape), tuple(t.stride()), t.dtype))
+
+    def _args(self, values, pointers: bool):
+        flat, spec = tree_flatten(values)
+        template, patches = [], []
+        for i, v in enumerate(flat):
+            ref = self._ref(v) if isinstance(v, torch.Tensor) else None
+            if ref is not None:
+                patches.append((i, ref))
+                template.append(None)
+            elif isinstance(v, torch.device) and v.type == "neuron":
+                template.append(torch.device("cpu"))   # factory operators run on host aliases
+            else:
+                template.append(v.data_ptr() if pointers and isinstance(v, torch.Tensor) else v)
+        return spec, template, patches
+
+    # -- what the graph does ---------------------------------------------------------
+
+    def on_kernel(self, kernel, name, args) -> None:
+        self.own_tasks += 1
+        if self.failed:
+            return
+        try:
+            if not any(isinstance(a, torch.Tensor) and a.device.type == "neuron" for a in args):
+                raise NotRecordable(f"kernel {name} runs on the host (no neuron tensors)")
+            fn = _launch.entry_point(kernel)
+            cpp = bool(fn) and _launch.int_args(args) is not None
+            spec, template, patches = self._args(list(args), pointers=cpp)
+            self.steps.append(_Step("cpp" if cpp else "binding", fn if cpp else kernel, spec, template, patches,
+                                    name=name))
+        except NotRecordable as e:
+            self.fail(str(e))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if self.failed is None:
+            try:
+                self._on_op(func, args, kwargs, out)
+            except NotRecordable as e:
+                self.fail(str(e))
+        return out
+
+    def _on_op(self, func, args, kwargs, out) -> None:
+        if func is torch.ops.torchneuron.launch_python_task.default:
+            if self.own_tasks == 0:
+                raise NotRecordable("a Python device task (an NKI kernel?) runs inside the graph")
+            self.own_tasks -= 1
+            return
+        if func in _ALLOCATIONS:
+            if isinstance(out, torch.Tensor) and out.device.type == "neuron":
+                self._add("buffer", out)
+            return
+        if func.is_view:
+            return   # metadata only: arguments are resolved by memory
+        tags = func.tags
+        if torch.Tag.nondeterministic_seeded in tags or "inductor_seed" in func.name() \
+                or "inductor_rand" in func.name():
+            raise NotRecordable(f"random operator {func.name()} (a replay would repeat its numbers)")
+        if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags \
+                or func.overloadpacket in _HOST_STATE_OPS:
+            raise NotRecordable(f"data-dependent or host-side operator {func.name()}")
+        flat_out = tree_flatten(out)[0]
+        tensors = [t for t in tree_flatten((args, kwargs))[0] + flat_out if isinstance(t, torch.Tensor)]
+        if not any(t.device.type == "neuron" for t in tensors):
+            raise NotRecordable(f"host operator {func.name()} inside the graph")
+        spec, template, patches = self._args((args, kwargs), pointers=False)
+        copies = []
+        for j, o in enumerate(flat_out):
+            if isinstance(o, torch.Tensor):
+                if o.device.type != "neuron":
+                    raise NotRecordable(f"{func.name()} returns a tensor on {o.device}")
+                if o.untyped_storage().data_ptr() not in self.by_storage:   # a new tensor: keep its memory
+                    copies.append((j, _Ref(self._add("buffer", o), 0, None)))
+            elif o is not None:
+                raise NotRecordable(f"{func.name()} returns a host value")
+        self.steps.append(_Step("op", func, spec, template, patches, copies, name=func.name()))
+
+    def finish(self, outs, name: str) -> "Recording":
+        flat, spec = tree_flatten(outs)
+        out_refs = []
+        for o in flat:
+            if isinstance(o, torch.Tensor):
+                if o.device.type != "neuron":
+                    raise NotRecordable(f"the graph returns a tensor on {o.device}")
+                ref = self._ref(o)
+                slot = self.slots[ref.slot]
+                if slot.kind == "buffer":
+                    slot.kind = "output"
+                out_refs.append(ref)
+            else:
+                out_refs.append(o)
+        if not self.steps:
+            raise NotRecordable("the graph queues no device work")
+        return Recording(self, spec, out_refs, name)
+
+
+class Recording:
+    """The recorded device work of one graph signature, replayed as one task."""
+
+    def __init__(self, rec: Recorder, out_spec, out_refs, name: str):
+        self.name = name
+        slots = rec.slots
+        # Dynamic slots change per call and reach the task as its tensors
+        # (neuron inputs, fresh outputs) or through the closure (CPU inputs);
+        # static ones (buffers, externals) are held here, their host aliases
+        # bound once by a set-up task.
+        dyn = [i for kind in ("input", "output", "cpu_input") for i, s in enumerate(slots) if s.kind == kind]
+        static = [i for i, s in enumerate(slots) if s.kind in ("buffer", "external")]
+        self.pos = {s: ("dyn", k) for k, s in enumerate(dyn)}
+        self.pos.update({s: ("static", k) for k, s in enumerate(static)})
+        self.input_idx = [slots[s].index for s in dyn if slots[s].kind == "input"]
+        self.cpu_idx = [slots[s].index for s in dyn if slots[s].kind == "cpu_input"]
+        self.out_geoms = [(tuple(slots[s].tensor.shape), tuple(slots[s].tensor.stride()), slots[s].tensor.dtype)
+                          for s in dyn if slots[s].kind == "output"]
+        self.static = [slots[s].tensor for s in static]
+        self.shared_inputs = rec.shared_inputs
+        first = next(t for t in [slots[s].tensor for s in dyn + static] if t.device.type == "neuron")
+        self.device = first.device
+        self.stream = torch.neuron.current_stream(self.device)
+        self.steps = rec.steps
+        for step in self.steps:
+            step.patches = [(p, self._where(r)) for p, r in step.patches]
+            step.copies = [(j, self._where(r)) for j, r in step.copies]
+        self.out_spec = out_spec
+        self.outs = [self._where(r) if isinstance(r, _Ref) else r for r in out_refs]
+        # Bind the static slots' host aliases before the first replay (same stream: in order).
+        if self.static:
+            python_task(f"compiled::replay_setup{name}", self.static, self._bind_static)
+        else:
+            self._bind_static([])
+
+    def _where(self, ref: _Ref):
+        kind, k = self.pos[ref.slot]
+        return kind == "static", k, ref
+
+    def _bind_static(self, hosts) -> None:
+        """Resolves every static argument once (a pointer or a CPU alias)."""
+        for step in self.steps:
+            dyn_patches = []
+            for p, (static, k, ref) in step.patches:
+                if static:
+                    view = _view(hosts[k], ref)
+                    step.template[p] = view.data_ptr() if step.kind == "cpp" else view
+                else:
+                    dyn_patches.append((p, k, ref))
+            step.patches = dyn_patches
+            step.copies = [(j, (_view(hosts[k], ref) if static else (k, ref))) for j, (static, k, ref) in step.copies]
+
+    # -- a call ----------------------------------------------------------------------
+
+    def replay(self, args: list) -> Any:
+        """Queues the replay; returns the outputs, or None if this call must run normally."""
+        if torch.neuron.current_stream(self.device) != self.stream:
+            return None
+        for i, j in self.shared_inputs:
+            if args[i].untyped_storage().data_ptr() != args[j].untyped_storage().data_ptr():
+                return None
+        tensors = [args[i] for i in self.input_idx]
+        dev = self.device
+        tensors += [torch.empty_strided(size, stride, dtype=dtype, device=dev) for size, stride, dtype in self.out_geoms]
+        cpu = [args[i] for i in self.cpu_idx]
+        # (no neuron inputs or outputs, e.g. a graph that only mutates: the
+        # task still needs a tensor to name its device)
+        python_task(f"compiled::replay{self.name}", tensors or self.static[:1],
+                    functools.partial(self._run, cpu, len(tensors)))
+        outs = []
+        for r in self.outs:
+            if isinstance(r, tuple):
+                static, k, ref = r
+                t = self.static[k] if static else tensors[k]
+                if ref.geom is not None:
+                    size, stride, dtype = ref.geom
+                    if dtype != t.dtype:
+                        t = t.view(dtype)
+                    t = t.as_strided(size, stride, t.storage_offset() + ref.rel // t.element_size())
+                outs.append(t)
+            else:
+                outs.append(r)
+        args.clear()
+        return tree_unflatten(outs, self.out_spec)
+
+    def _run(self, cpu, n, hosts) -> None:
+        """The replay task: every recorded step, in order."""
+        dyn = list(hosts[:n]) + cpu
+        ptrs = [t.data_ptr() for t in dyn]
+        call_cpp = _C._call_cpp_kernel
+        for step in self.steps:
+            if step.kind == "cpp":
+                flat = step.template
+                if step.patches:
+                    flat = list(flat)
+                    for p, k, ref in step.patches:
+                        flat[p] = ptrs[k] + ref.rel
+                call_cpp(step.fn, flat)   # releases the GIL while the kernel runs
+                continue
+            key = tuple(ptrs[k] for _, k, _ in step.patches) + \
+                tuple(ptrs[t[0]] for _, t in step.copies if isinstance(t, tuple))
+            if key != step.key:
+                step.key, step.prepared = key, step.prepare(dyn)
+            a, kw, targets = step.prepared
+            out = step.fn(*a, **kw)
+            if targets:
+                flat_out = tree_flatten(out)[0]
+                for (j, _), target in zip(step.copies, targets):
+                    target.copy_(flat_out[j])
+
+
+class ReplayGraph:
+    """Wraps the boxed callable of one compiled graph (``CompiledFxGraph.current_callable``)."""
+
+    def __init__(self, fn, label: str):
+        self.fn = fn
+        self.name = f"{next(_graph_ids)}"
+        self.label = label
+        self.reason: str | None = None
+        self.calls: collections.Counter = collections.Counter()
+        self.recordings: dict[tuple, Recording] = {}
+
+    def __call__(self, args: list):
+        if self.reason is not None:
+            return self.fn(args)
+        try:
+            key = tuple(a for a in args if not isinstance(a, torch.Tensor))
+            hash(key)
+        except TypeError:
+            return self.fn(args)
+        rec = self.recordings.get(key)
+        if rec is not None:
+            out = rec.replay(args)
+            if out is not None:
+                stats["replays"] += 1
+                return out
+            stats["normal_calls"] += 1
+            return self.fn(args)
+        self.calls[key] += 1
+        if self.calls[key] <= WARMUP_CALLS or len(self.recordings) >= MAX_RECORDINGS:
+            return self.fn(args)
+        return self._record(key, args)
+
+    def _record(self, key, args: list):
+        recorder = Recorder(args)
+        keep = list(args)   # inputs stay alive: no memory reuse during the recording
+        _launch._local.recorder = recorder
+        try:
+            with recorder:
+                outs = self.fn(args)
+        finally:
+            _launch._local.recorder = None
+        try:
+            if recorder.failed:
+                raise NotRecordable(recorder.failed)
+            self.recordings[key] = recorder.finish(outs, self.name)
+            stats["recordings"] += 1
+        except NotRecordable as e:
+            self.reason = str(e)
+            reasons[f"replay{self.name} ({self.label})"] = self.reason
+            stats["not_recordable"] += 1
+            warnings.warn(f"torch.compile(backend='neuron', mode='reduce-overhead'): {self.label} runs without "
+                          f"replay: {self.reason}")
+        del keep
+        return outs
+
+
+def inner_compile(label: str):
+    """Inductor's ``compile_fx_inner``, its compiled graphs wrapped for replay."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    def compile_inner(gm, example_inputs, **kwargs):
+        compiled = compile_fx_inner(gm, example_inputs, **kwargs)
+        if getattr(compiled, "current_callable", None) is not None:
+            compiled.current_callable = ReplayGraph(compiled.current_callable, label)
+        return compiled
+
+    return compile_inner
