@@ -32,6 +32,10 @@ UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.neg, torch.abs, torch.nn.f
 BINARY = [torch.add, torch.sub, torch.mul, lambda a, b: a / (b.abs() + 1), torch.maximum, torch.minimum,
           lambda a, b: torch.where(a > b, a, b), lambda a, b: a.lerp(b, 0.3)]
 SCALAR = [lambda x: x + 0.5, lambda x: x * 1.5, lambda x: 2.0 - x, lambda x: x.clamp(-1, 1)]
+F = torch.nn.functional
+ROW_WISE = [lambda x: torch.softmax(x, -1), lambda x: F.log_softmax(x, dim=-1), lambda x: F.layer_norm(x, x.shape[-1:]),
+            lambda x: x - x.mean(-1, keepdim=True), lambda x: x / (x.abs().sum(-1, keepdim=True) + 1),
+            lambda x: x - x.amax(-1, keepdim=True), lambda x: x.sum(-1)[:, None] * x]
 IN_PLACE = [lambda x, y: x.add_(y), lambda x, y: x.mul_(0.9), lambda x, y: x.addcmul_(y, y, value=0.1),
             lambda x, y: x.clamp_(-2, 2)]
 
@@ -71,8 +75,10 @@ def _program(seed):
                 y = UNARY[i % len(UNARY)](a)
             elif kind < 0.65:
                 y = BINARY[j % len(BINARY)](a, b)  # may broadcast
-            elif kind < 0.85:
+            elif kind < 0.78:
                 y = SCALAR[i % len(SCALAR)](a)
+            elif kind < 0.85:
+                y = ROW_WISE[i % len(ROW_WISE)](a if a.dim() == 2 else a + pool[0])
             elif not grad and a.shape == b.shape:
                 y = IN_PLACE[j % len(IN_PLACE)](a, b)
             else:
@@ -166,6 +172,49 @@ def test_broadcast_of_trailing_dims_and_single_elements(fusion):
     unfused = program()
     assert fused.dtype == unfused.dtype == torch.float64  # a rank-2 tensor keeps its weight in promotion
     _bits_equal(fused, unfused)
+
+
+def test_residual_add_and_layer_norm_fuse(fusion):
+    x, h = torch.randn(2, N, N, device="neuron"), torch.randn(2, N, N, device="neuron")
+    ln = torch.nn.LayerNorm(N, device="neuron")
+    torch.nn.init.normal_(ln.weight)
+    torch.nn.init.normal_(ln.bias)
+
+    def program():
+        with torch.no_grad():
+            r = x + h * 0.5  # the residual stream: held, so written
+            return r, ln(r)
+
+    program()  # layer norm has three results: checked against its meta function once, synchronously
+    torchneuron.clear_op_tracking()
+    _busy()
+    fused = program()
+    assert torchneuron._C._fused_groups() == 1
+    assert set(torchneuron.get_fused_ops()) == {"aten::mul.Tensor", "aten::add.Tensor", "aten::native_layer_norm"}
+    fusion(False)
+    _busy()
+    for a, b in zip(fused, program()):
+        _bits_equal(a, b)
+    torch.testing.assert_close(fused[1].cpu(), ln.cpu()(x.cpu() + h.cpu() * 0.5))
+
+
+def test_softmax_written_out_fuses_with_its_reductions(fusion):
+    x = torch.randn(N, 2 * N, device="neuron")
+
+    def program():
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    program()  # first calls take the host long enough (meta functions) for the device to catch up
+    torchneuron.clear_op_tracking()
+    _busy()
+    fused = program()
+    assert torchneuron._C._fused_groups() == 1
+    assert sum(torchneuron.get_fused_ops().values()) == 5
+    fusion(False)
+    _busy()
+    _bits_equal(fused, program())
+    torch.testing.assert_close(fused.cpu(), torch.softmax(x.cpu(), -1))
 
 
 def test_adamw_for_loop_update_fuses_and_matches(fusion):

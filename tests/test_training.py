@@ -193,3 +193,13 @@ def test_data_dependent_ops_and_fallback_tracking():
     executed = torchneuron.get_executed_ops()
     assert executed.get("aten::nonzero", 0) >= 1
     assert torchneuron.get_fallback_ops() == {}
+
+
+def test_log_softmax_backward_of_a_transposed_gradient():
+    # The meta function gives the result the gradient's strides; the CPU out=
+    # kernel would then write a transposed result as if contiguous.
+    g, x = torch.randn(64, 64).t(), torch.randn(64, 64)
+    out = torch.log_softmax(x, -1)
+    expected = torch.ops.aten._log_softmax_backward_data(g, out, -1, torch.float32)
+    got = torch.ops.aten._log_softmax_backward_data(g.to("neuron"), out.to("neuron"), -1, torch.float32)
+    torch.testing.assert_close(got.cpu(), expected)

@@ -42,6 +42,17 @@ const std::unordered_set<std::string>& elementwise_names() {
   return names;
 }
 
+// Row-wise operators: each row (the last dimension, or the normalised ones)
+// is reduced or normalised on its own, with the same arithmetic however many
+// rows a call covers, so pieces of whole rows reproduce one call over all of
+// them. Value: the index of the argument naming the dimension(s).
+const std::unordered_map<std::string, size_t>& rowwise_ops() {
+  static const std::unordered_map<std::string, size_t> ops = {
+      {"aten::_softmax", 1}, {"aten::_log_softmax", 1}, {"aten::sum.dim_IntList", 1}, {"aten::mean.dim", 1},
+      {"aten::amax", 1},     {"aten::amin", 1},         {"aten::native_layer_norm", 1}};
+  return ops;
+}
+
 struct Range {
   uintptr_t begin, end;
   size_t itemsize;
@@ -54,10 +65,14 @@ enum class Cover {
   Row,      // one row, broadcast over the rows (a bias): all of it in every piece
   Column,   // one element per row, broadcast along it (a row statistic): cut by rows
   Single,   // one element (any rank, so it keeps its weight in type promotion)
+  PerRow,   // one element per row, flat: what a row-wise reduction writes without keepdim
 };
 
 // A tensor operand of a member: an argument (or, for a functional call
-// without out=, a result).
+// without out=, a result). Every tensor a member touches is one, 0-dim ones
+// included, so that the group's overlap check sees all memory it reads: a
+// tensor freed while the group waits may have its block reused by a member's
+// output.
 struct Operand {
   size_t index;             // into call.args, or call.results when `result`
   bool result;
@@ -114,6 +129,10 @@ void point(const at::Tensor& slice, Cover cover, int64_t base, int64_t row, int6
       const int64_t size[2] = {len / row, 1};
       return impl->set_sizes_and_strides(size, ones, base + lo / row);
     }
+    case Cover::PerRow: {
+      const int64_t size[1] = {len / row};
+      return impl->set_sizes_and_strides(size, c10::IntArrayRef(ones, 1), base + lo / row);
+    }
     case Cover::Single:
       return impl->set_sizes_and_strides(c10::IntArrayRef(ones, row == 0 ? 1 : 2), ones, base);
   }
@@ -143,6 +162,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
     p.result_slices.resize(call.results.size());
     for (const Operand& o : members[m].operands) {
       const at::Tensor& t = o.slot >= 0 ? scratch[o.slot] : o.result ? call.results[o.index] : call.args[o.index].toTensor();
+      if (t.dim() == 0) continue;  // a 0-dim tensor stays one: it weighs less in type promotion
       Slice slice{slice_alias(t), o.cover, o.slot >= 0 ? 0 : t.storage_offset(), o.slot >= 0};
       if (o.result) {
         p.result_slices[o.index] = std::move(slice);
@@ -236,7 +256,40 @@ std::optional<std::pair<Cover, int64_t>> cover_of(const at::Tensor& t, c10::IntA
 // of one shape; inputs match it or broadcast as a row, a column or a single
 // element. Rows must be a multiple of every vector step, so that pieces of
 // whole rows start each member's vector loop where unfused execution does.
-bool collect_operands(const ElementwiseCall& call, int64_t& numel, int64_t& row, std::vector<Operand>& operands) {
+// A row-wise call's row length, with its dimension argument rewritten for
+// pieces of [rows, row] in `dims`; 0 if the call is not row-wise, -1 if it
+// is but cannot fuse.
+int64_t rowwise_row(const ElementwiseCall& call, c10::IValue& dims) {
+  auto it = rowwise_ops().find(call.name);
+  if (it == rowwise_ops().end()) return 0;
+  const at::Tensor& self = call.args[0].toTensor();
+  const c10::IValue& arg = call.args[it->second];
+  const int64_t nd = self.dim();
+  if (nd == 0) return -1;
+  if (call.name == "aten::native_layer_norm") {
+    if (!arg.isIntList()) return -1;
+    auto shape = arg.toIntVector();
+    if (shape.empty() || int64_t(shape.size()) > nd ||
+        !std::equal(shape.begin(), shape.end(), self.sizes().end() - shape.size()))
+      return -1;
+    const int64_t row = c10::multiply_integers(shape);
+    dims = c10::IValue(std::vector<int64_t>{row});
+    return row;
+  }
+  int64_t d;
+  if (arg.isInt()) {
+    d = arg.toInt();
+    dims = c10::IValue(int64_t(-1));
+  } else if (arg.isIntList() && arg.toIntList().size() == 1) {
+    d = arg.toIntList().get(0);
+    dims = c10::IValue(std::vector<int64_t>{-1});
+  } else {
+    return -1;
+  }
+  return d == -1 || d == nd - 1 ? self.size(-1) : -1;
+}
+
+bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::vector<Operand>& operands) {
   const auto& schema = call.op.schema();
   const bool inplace = !schema.name().empty() && schema.name().back() == '_';
   struct Use {
@@ -250,25 +303,35 @@ bool collect_operands(const ElementwiseCall& call, int64_t& numel, int64_t& row,
     if (a.isTensor()) {
       const auto* alias = i < schema.arguments().size() ? schema.arguments()[i].alias_info() : nullptr;
       uses.push_back({&a.toTensor(), i, false, alias && alias->isWrite()});
-    } else if (a.isTensorList() || a.isList() || a.isGenerator()) {
+    } else if (a.isTensorList() || a.isGenerator() ||
+               (a.isList() && !a.isIntList() && !a.isDoubleList() && !a.isBoolList())) {
       return false;
     }
   }
   for (size_t i = 0; i < call.results.size(); ++i) uses.push_back({&call.results[i], i, true, true});
-  const at::Tensor* out = nullptr;
+  c10::IValue dims;
+  const int64_t rowwise = rowwise_row(call, dims);
+  if (rowwise < 0) return false;
+  // The iteration space: a row-wise call's input, else its output.
+  const at::Tensor* out = rowwise ? &call.args[0].toTensor() : nullptr;
   for (const Use& u : uses)
-    if (u.written) out = u.t;
+    if (u.written && !rowwise) out = u.t;
   if (!out || !out->defined() || out->dim() == 0) return false;
   const c10::IntArrayRef full = out->sizes();
   numel = out->numel();
-  row = 0;
+  row = rowwise;
+  if (row != 0 && row % 128 != 0) return false;
   std::vector<Operand> writes;
   for (const Use& u : uses) {
     const at::Tensor& t = *u.t;
     if (!t.defined() || t.is_conj() || t.is_neg()) return false;
-    if (t.is_cpu() && t.dim() == 0 && !u.result) continue;  // a host scalar, passed whole
-    auto cover = cover_of(t, full, numel);
-    if (!cover || (u.written && cover->first != Cover::Full)) return false;
+    std::optional<std::pair<Cover, int64_t>> cover;
+    if (rowwise && u.written && t.is_contiguous() && t.numel() * rowwise == numel)  // a reduction's result
+      cover = std::make_pair(t.dim() == out->dim() ? Cover::Column : Cover::PerRow, rowwise);
+    else
+      cover = cover_of(t, full, numel);
+    if (!cover || (u.written && (cover->first == Cover::Single || (cover->first != Cover::Full && !rowwise))))
+      return false;
     if (cover->second != 0) {
       if ((row != 0 && row != cover->second) || cover->second % 128 != 0) return false;
       row = cover->second;
@@ -279,16 +342,23 @@ bool collect_operands(const ElementwiseCall& call, int64_t& numel, int64_t& row,
     (u.written ? writes : operands).push_back(o);
   }
   operands.insert(operands.end(), writes.begin(), writes.end());
-  return numel >= kMinNumel;
+  if (numel < kMinNumel) return false;
+  if (rowwise) call.args[rowwise_ops().at(call.name)] = std::move(dims);  // pieces are [rows, row]
+  return true;
 }
 
 // Tensors of a group must coincide exactly or not overlap at all.
+// Coinciding tensors must also be cut alike, so that a piece only ever reads
+// elements an earlier member wrote for that same piece (a bias read whole by
+// every piece must not share memory with a per-row result).
 bool FusedGroup::compatible(const std::vector<Operand>& operands) const {
+  auto cut = [](Cover c) { return c == Cover::PerRow ? Cover::Column : c; };
   for (const Member& m : members)
     for (const Operand& a : m.operands)
       for (const Operand& b : operands) {
+        if (a.slot >= 0) continue;  // elided: never touches memory
         const Range &x = a.range, &y = b.range;
-        bool same = x.begin == y.begin && x.end == y.end && x.itemsize == y.itemsize;
+        bool same = x.begin == y.begin && x.end == y.end && x.itemsize == y.itemsize && cut(a.cover) == cut(b.cover);
         bool disjoint = x.end <= y.begin || y.end <= x.begin;
         if (!same && !disjoint) return false;
       }
@@ -312,9 +382,10 @@ bool adaptive_eager_enabled() {
 
 void set_adaptive_eager(bool enabled) { enabled_flag().store(enabled); }
 
-bool is_elementwise(const c10::FunctionSchema& schema) {
+bool is_fusable(const c10::FunctionSchema& schema) {
   const std::string& name = schema.name();
   if (name.rfind("aten::", 0) != 0) return false;
+  if (rowwise_ops().count(schema.overload_name().empty() ? name : name + "." + schema.overload_name())) return true;
   std::string base = name.substr(6);
   if (!base.empty() && base.back() == '_') base.pop_back();  // in-place
   return elementwise_names().count(base) > 0;

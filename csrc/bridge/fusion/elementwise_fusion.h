@@ -1,15 +1,20 @@
 // Adaptive eager execution: element-wise operators queued behind busy device
-// work are merged into one device task that walks memory once, in cache-sized
-// pieces, applying every member in order to each piece.
+// work (and a row-wise one closing the chain: softmax, layer norm, a sum or a
+// max over the last dimension) are merged into one device task that walks
+// memory once, in cache-sized pieces, applying every member to each piece.
 //
 // Results are bit-identical to unfused execution, by construction: each member
 // runs the same CPU kernel, on the same thread ranges that kernel would use
-// for the whole tensor (TensorIterator's split), cut into pieces whose length
-// is a multiple of every vector width, so each element takes the same
-// (vector or scalar) code path. Only same-shape, contiguous operands fuse, and
-// tensors in a group either coincide or are disjoint, so no member can read an
-// element another member has not produced yet. An intermediate freed while the
-// task still waits (a temporary of an expression) never reaches memory.
+// for the whole tensor (TensorIterator's split), cut into pieces that start
+// where its vector loop would anyway, so each element takes the same (vector
+// or scalar) code path. Operands are contiguous and cover the whole iteration
+// space or broadcast over it as a row (a bias), a column (a row statistic) or
+// one element. A group that broadcasts or has a row-wise member is cut into
+// pieces of whole rows, which row-wise kernels compute row by row exactly as
+// in one call; when threads would not start on a row, the members run one
+// after another over everything, as unfused. Tensors in a group coincide or
+// are disjoint, so no member reads an element another has not produced yet.
+// An intermediate freed while the task still waits never reaches memory.
 //
 // "Adaptive": a call fuses only into a task still waiting in the queue, so
 // fusion happens exactly when the host runs ahead of the device.
@@ -36,7 +41,9 @@ struct ElementwiseCall {
 // On unless TORCHNEURON_ADAPTIVE_EAGER=0 or torch.use_deterministic_algorithms(True).
 bool adaptive_eager_enabled();
 void set_adaptive_eager(bool enabled);  // tests and benchmarks
-bool is_elementwise(const c10::FunctionSchema& schema);
+// Element-wise operators, and row-wise ones (softmax, layer norm, a sum or a
+// max over the last dimension) that can close a chain.
+bool is_fusable(const c10::FunctionSchema& schema);
 
 // Queues `call` on `stream`, merged into the pending fused task at the tail
 // when it can be. Returns false, queuing nothing, if `call` cannot take part

@@ -94,7 +94,7 @@ struct OpTraits {
   std::mutex verdict_mu;
   std::unordered_map<uint64_t, bool> meta_agrees;  // signature -> verdict
   std::string task_name;         // "aten::add.Tensor", for errors and the profiler
-  bool elementwise = false;      // a candidate for adaptive-eager fusion
+  bool fusable = false;          // a candidate for adaptive-eager fusion
   bool place_results = false;    // the kernel may compute into device memory (result_placement.h)
   std::optional<c10::OperatorHandle> out_op;  // the out= overload of a functional op
 };
@@ -135,7 +135,7 @@ OpTraits& traits_for(const c10::OperatorHandle& op) {
   t.host_indices = kHostIndices.count(name) > 0;
   t.verify_meta = tensor_results > 1;
   t.task_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
-  t.elementwise = is_elementwise(schema);
+  t.fusable = is_fusable(schema);
   t.place_results = places_results(name);
   t.out_op = out_variant_of(op);
   return t;
@@ -352,7 +352,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   auto out_op = all_defined && outputs.size() == r && r > 0 ? traits.out_op : std::nullopt;
   std::string name = traits.task_name;
   rt::Stream& stream = current_runtime_stream(device);
-  if (traits.elementwise && adaptive_eager_enabled()) {
+  if (traits.fusable && adaptive_eager_enabled()) {
     ElementwiseCall call{out_op ? *out_op : op, task_args, {}, name};
     if (out_op)
       call.args.insert(call.args.end(), outputs.begin(), outputs.end());

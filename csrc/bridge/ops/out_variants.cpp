@@ -33,7 +33,12 @@ std::optional<c10::OperatorHandle> out_variant_of(const c10::OperatorHandle& fun
   // Only structured operators: their functional and out= forms are one kernel.
   // An unstructured out= kernel may differ (use its output as scratch, leave
   // parts of it unwritten), so those keep the functional call plus a copy.
-  if (!functional.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+  // _log_softmax_backward_data: the Python meta function gives its result the
+  // gradient's strides, and the CPU out= kernel then writes a transposed
+  // gradient as if it were contiguous (wrong values); the functional kernel
+  // plus a copy is right for any strides.
+  if (!functional.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+      f.name() == "aten::_log_softmax_backward_data") {
     found.emplace(&f, result);
     return result;
   }
