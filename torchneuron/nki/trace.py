@@ -48,6 +48,11 @@ _tls = threading.local()
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
+def fast_replay() -> bool:
+    """Replay lowered programs (``lower.py``) when possible?  TORCHNEURON_NKI_FAST_REPLAY=0 turns it off."""
+    return os.environ.get("TORCHNEURON_NKI_FAST_REPLAY", "1").lower() not in ("0", "false", "no", "off")
+
+
 def enabled(flag=None) -> bool:
     """Is the trace cache on?  ``flag`` (the jit option) wins over TORCHNEURON_NKI_TRACE_CACHE."""
     if flag is not None:
@@ -206,8 +211,11 @@ class Step:
 class Program:
     """The recorded instructions of one launch signature: per grid point, a list of steps."""
 
-    def __init__(self, n_inputs, n_slots, instances, result):
+    def __init__(self, n_inputs, n_slots, instances, result, slot_meta=None):
         self.n_inputs, self.n_slots = n_inputs, n_slots
+        self.slot_meta = slot_meta or {}
+        self.fast = None  # lower.FastProgram, False if not lowerable, None until the first replay
+        self.fast_declined = None
         self.instances = instances  # [(program_id, [Step])]
         self.result = result
         self.steps = sum(len(s) for _, s in instances)
@@ -230,8 +238,24 @@ class Program:
             for step in steps:
                 step.frees = tuple(frees.get(id(step), ()))
 
+    def lowered(self, launch):
+        """The lowered program (built at the first replay), or None."""
+        fast = self.fast
+        if fast is None:
+            from .lower import Decline, lower
+            try:
+                fast = lower(self, self.slot_meta, launch.debug)
+            except Decline as e:
+                fast, self.fast_declined = False, str(e)
+            self.fast = fast
+        return fast or None
+
     def replay(self, launch, inputs):
         """Run the steps on new input tensors (in argument order); returns the kernel's result."""
+        if fast_replay():
+            fast = self.lowered(launch)
+            if fast is not None:
+                return fast.replay(launch, inputs, self.slot_meta)
         allocs = [t._alloc for t in inputs] + [None] * (self.n_slots - self.n_inputs)
         for pid, steps in self.instances:
             with running(InstanceState(launch, pid)):
@@ -266,8 +290,9 @@ class Recorder:
         self.depth = 0
         self.reason = None
         self.slots = weakref.WeakKeyDictionary()  # Allocation -> slot (weak: liveness is accounted)
+        self.meta = {}
         for t in inputs:
-            self.slots.setdefault(t._alloc, len(self.slots))
+            self.meta[self.slots.setdefault(t._alloc, len(self.slots))] = _meta(t._alloc)
         self.n_inputs = len(inputs)
         self.n_slots = len(self.slots)
         self.instances = []
@@ -345,6 +370,7 @@ class Recorder:
         if isinstance(out, _tensor.NkiTensor):
             if out._alloc not in self.slots:
                 self.slots[out._alloc] = self.n_slots
+                self.meta[self.n_slots] = _meta(out._alloc)
                 binds.append((path, self.n_slots))
                 self.n_slots += 1
         elif isinstance(out, (list, tuple)):
@@ -360,7 +386,12 @@ class Recorder:
         except _Untraceable as e:
             self.reason = f"the kernel returns a tensor no instruction created ({e})"
             return None
-        return Program(self.n_inputs, self.n_slots, self.instances, template)
+        return Program(self.n_inputs, self.n_slots, self.instances, template, self.meta)
+
+
+def _meta(alloc):
+    """What the lowering needs to know about a buffer: shape, NKI dtype, memory, storage dtype."""
+    return (tuple(alloc.data.shape), alloc.dtype, alloc.buffer, alloc.data.dtype)
 
 
 # ------------------------------------------------------------------- cache
