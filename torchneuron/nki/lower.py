@@ -169,6 +169,7 @@ class Lowerer:
         self.phys = []
         self.free_phys = {}            # (shape, dtype) -> [phys]
         self.hbm_slots = set(range(program.n_inputs))
+        self.pv = {}                   # PSUM slot -> its psum_valid array, as the interpreter's would be
 
     # ---------------------------------------------------------------- views
     def vid(self, view):
@@ -246,6 +247,21 @@ class Lowerer:
             self._touch_storage(s)
         self.exact[s] = False
         self.cur.pop(s, None)
+        self.mark_valid(view)
+
+    def valid_region(self, view):
+        """The part of the slot's simulated psum_valid array ``view`` covers (None if not PSUM)."""
+        pv = self.pv.get(view.slot)
+        if pv is None or view.kind == _WHOLE:
+            return pv
+        isz = self.meta[view.slot][3].itemsize
+        return np.lib.stride_tricks.as_strided(pv.reshape(-1)[view.offset // isz:], shape=view.shape,
+                                               strides=[st // isz for st in view.strides])
+
+    def mark_valid(self, view):
+        r = self.valid_region(view)
+        if r is not None:
+            r[...] = True
 
     def writer(self, view):
         """Closure w(V, values) doing ``NkiTensor.write(values)`` (no mask) into ``view``."""
@@ -279,6 +295,8 @@ class Lowerer:
         self.phys_of[slot] = self.phys_of_all[slot] = p
         self.exact[slot] = False
         self.cur.pop(slot, None)
+        if buffer is Buffer.psum:
+            self.pv[slot] = np.zeros(shape, dtype=bool)
         return self.whole(slot)
 
     def release(self, slot):
@@ -299,6 +317,8 @@ class Lowerer:
         else:
             self.alias.pop(slot, None)
         copy = values_may_alias is not None
+        if slot in self.pv:
+            self.pv[slot][...] = True
         from_compute = _dt.from_compute
         plain = st == F32 and dt is not _dt.tfloat32
 
@@ -332,20 +352,53 @@ def _bound(fn, step):
     return a
 
 
-def _beta1(step, kinds):
-    """isa ``_style`` for the beta-1 (result-returning) form; declines the dst form."""
+def _style(step, kinds):
+    """isa ``_style``: (dst View or None, keyword arguments)."""
     args, kw = step.args, dict(step.kwargs)
-    if "dst" in kw or len(args) > len(kinds):
-        raise Decline("dst form")
-    for a, (n, kind) in zip(args, kinds):
-        if (kind == "T" and not isinstance(a, View)) or (kind == "F" and isinstance(a, View)):
-            raise Decline("dst form")
+    new = "dst" in kw or len(args) > len(kinds)
+    if not new:
+        for a, (_, kind) in zip(args, kinds):
+            if (kind == "T" and not isinstance(a, View)) or (kind == "F" and isinstance(a, View)):
+                new = True
+                break
+    dst = None
+    if new:
+        if "dst" in kw:
+            dst = kw.pop("dst")
+        else:
+            dst, args = args[0], args[1:]
+        if not isinstance(dst, View):
+            raise Decline("dst")
+    for a, (n, _) in zip(args, kinds):
         if n in kw:
             raise Decline("arguments")
         kw[n] = a
+    if len(args) > len(kinds):
+        raise Decline("arguments")
     if kw.get("mask") is not None:
         raise Decline("mask")
+    return dst, kw
+
+
+def _beta1(step, kinds):
+    dst, kw = _style(step, kinds)
+    if dst is not None:
+        raise Decline("dst form")
     return kw
+
+
+def _emit(lw, step, dst, values_may_alias=None):
+    """isa ``_emit`` (no mask): a new result tile, or a write into ``dst``."""
+    if dst is None:
+        return lw.produce(step, values_may_alias)
+    if not lw.on_chip(dst):
+        raise Decline("dst in HBM")
+    w = lw.writer(dst)
+    shape = tuple(lw.shape(dst))
+
+    def put(V, X, vals):
+        w(V, align_to(np.asarray(vals, dtype=F32), shape))
+    return put
 
 
 def _no_mask(a):
@@ -402,6 +455,8 @@ def _full(lw, step):
         vals = _dt.from_compute(vals, dt)
     template = np.empty(tuple(shape), st)
     template[...] = vals
+    if slot in lw.pv:
+        lw.pv[slot][...] = True
 
     def op(V, X, L):
         np.copyto(V[w], template)
@@ -570,7 +625,7 @@ def _update(lw, step):
         # update_in_place: straight into float32 storage
         t = lw.vid(target)
         lw._touch_storage(target.slot)
-        lw.written(target)
+        lw.written(target)  # (marks the PSUM elements valid, as update_in_place does)
 
         def op(V, X, L):
             v = g(V, X)
@@ -599,36 +654,172 @@ def _lang_elementwise(lw, step):
         return _unary_op(lw, step, fn._unary, a["x"], a["dtype"])
     if set(a) >= {"x", "y"}:
         return _binary_op(lw, step, fn._binary, a["x"], a["y"], a["dtype"])
-    raise Decline("reduction")
+    # reductions: ops.reduce
+    x = a["x"]
+    if not isinstance(x, View):
+        raise Decline("reduction operand")
+    g, _, _ = lw.value(x)
+    axes = _ops.normalize_axis(a["axis"], len(lw.shape(x)))
+    f, keepdims = fn._binary, a["keepdims"]
+    if not isinstance(f, np.ufunc):
+        raise Decline("reduction op")
+    put = lw.produce(step)
+
+    def op(V, X, L):
+        with _errstate(all="ignore"):
+            r = f.reduce(g(V, X), axis=axes, keepdims=keepdims)
+        put(V, X, np.asarray(r).astype(F32))
+    return op
 
 
 for _f in vars(_nl).values():
     raw = _raw(_f)
-    if callable(_f) and getattr(_f, "_nki_instruction", None) and (hasattr(raw, "_unary") or (
-            hasattr(raw, "_binary") and "y" in inspect.signature(raw).parameters)):
+    if callable(_f) and getattr(_f, "_nki_instruction", None) and (hasattr(raw, "_unary") or hasattr(raw, "_binary")):
         _LOWERINGS[raw] = _lang_elementwise
 
 
 # ------------------------------------------------------------------ isa
-@lowering(_isa.nc_matmul)
-def _nc_matmul(lw, step):
-    kw = _beta1(step, [("stationary", "T"), ("moving", "T")])
-    gs, _, _ = lw.value(kw["stationary"])
-    gm, _, _ = lw.value(kw["moving"])
-    put = lw.produce(step)
+def _matmul_getter(gs, gm):
     matmul = np.matmul
 
-    def op(V, X, L):
+    def mm(V, X):
         s, m = gs(V, X), gm(V, X)
-        put(V, X, matmul(s.reshape(s.shape[0], -1).T, m.reshape(m.shape[0], -1), dtype=F32))
+        return matmul(s.reshape(s.shape[0], -1).T, m.reshape(m.shape[0], -1), dtype=F32)
+    return mm
+
+
+@lowering(_isa.nc_matmul)
+def _nc_matmul(lw, step):
+    dst, kw = _style(step, [("stationary", "T"), ("moving", "T")])
+    gs, _, _ = lw.value(kw["stationary"])
+    gm, _, _ = lw.value(kw["moving"])
+    mm = _matmul_getter(gs, gm)
+    if dst is None:
+        put = lw.produce(step)
+
+        def op(V, X, L):
+            put(V, X, mm(V, X))
+        return op
+    if lw.meta[dst.slot][2] is not Buffer.psum:
+        raise Decline("nc_matmul dst")
+    shape = tuple(lw.shape(dst))
+    acc = kw.get("accumulate")
+    _, dt, _, _ = lw.meta[dst.slot]
+    region = lw.valid_region(dst)
+    if acc is not False and dt is not _dt.tfloat32 and dt == F32 and (acc is not None or region.all()):
+        # update_in_place
+        t = lw.vid(dst)
+        lw._touch_storage(dst.slot)
+        lw.written(dst)
+
+        def op(V, X, L):
+            r = mm(V, X)
+            if r.shape != shape:
+                r = align_to(r, shape)
+            with _errstate(all="ignore"):
+                np.add(V[t], r, out=V[t])
+        return op
+    if acc is False:
+        w = lw.writer(dst)
+
+        def op(V, X, L):
+            r = mm(V, X)
+            w(V, align_to(r, shape))
+        return op
+    cur, _, _ = lw.value(dst)
+    keep = None if acc is not None else region.copy()
+    w = lw.writer(dst)
+    zero = F32(0)
+
+    def op(V, X, L):
+        r = align_to(mm(V, X), shape)
+        c = cur(V, X)
+        if keep is not None:
+            c = np.where(keep, c, zero)
+        w(V, c + r)
+    return op
+
+
+@lowering(_nl.matmul)
+def _nl_matmul(lw, step):
+    a = _bound(_raw(_nl.matmul), step)
+    _no_mask(a)
+    x, y = a["x"], a["y"]
+    if not isinstance(x, View) or not isinstance(y, View):
+        raise Decline("matmul operands")
+    gx, _, _ = lw.value(x)
+    if not a["transpose_x"]:
+        # nl.transpose(x): a result tile of its own in the interpreter, read back exactly
+        g0 = gx
+
+        def gx(V, X):
+            return np.ascontiguousarray(g0(V, X).T)
+    gy, _, _ = lw.value(y)
+    mm = _matmul_getter(gx, gy)
+    put = lw.produce(step)
+
+    def op(V, X, L):
+        put(V, X, mm(V, X))
+    return op
+
+
+@lowering(_isa.tensor_tensor)
+def _tensor_tensor(lw, step):
+    dst, kw = _style(step, [("data1", "T"), ("data2", "T"), ("op", "F")])
+    a, b = kw["data1"], kw["data2"]
+    if not isinstance(a, View) or not isinstance(b, View):
+        raise Decline("tensor_tensor")
+    f = _ops.resolve_binary(kw["op"])
+    ga, _, _ = lw.value(a)
+    gb, _, _ = lw.value(b)
+    sa, sb = tuple(lw.shape(a)), tuple(lw.shape(b))
+    shape = _ops.out_shape(np.empty(sa, np.bool_), np.empty(sb, np.bool_))
+    aa, ab = sa != shape, sb != shape
+    put = _emit(lw, step, dst)
+
+    def op(V, X, L):
+        va, vb = ga(V, X), gb(V, X)
+        if aa:
+            va = align_to(va, shape)
+        if ab:
+            vb = align_to(vb, shape)
+        with _errstate(all="ignore"):
+            r = np.asarray(f(va, vb), dtype=F32)
+        put(V, X, r)
+    return op
+
+
+@lowering(_isa.dma_copy)
+def _dma_copy(lw, step):
+    kw = dict(step.kwargs)
+    for n, a in zip(["dst", "src"], step.args):
+        if n in kw:
+            raise Decline("arguments")
+        kw[n] = a
+    if len(step.args) > 2 or kw.get("mask") is not None or kw.get("dst_rmw_op") is not None:
+        raise Decline("dma_copy")
+    dst, src = kw["dst"], kw["src"]
+    if not isinstance(dst, View) or not isinstance(src, View):
+        raise Decline("dma_copy")
+    r = lw.raw(src)
+    convert = lw.meta[src.slot][1] != lw.meta[dst.slot][1]
+    shape = tuple(lw.shape(dst))
+    w = lw.writer(dst)
+    to_compute = _dt.to_compute
+
+    def op(V, X, L):
+        vals = V[r]
+        if convert:
+            vals = to_compute(vals)
+        w(V, align_to(vals, shape))
     return op
 
 
 @lowering(_isa.nc_transpose)
 def _nc_transpose(lw, step):
-    kw = _beta1(step, [("data", "T")])
+    dst, kw = _style(step, [("data", "T")])
     g, d, _ = lw.value(kw["data"])
-    put = lw.produce(step)
+    put = _emit(lw, step, dst)
 
     def op(V, X, L):
         v = g(V, X)
@@ -639,10 +830,10 @@ def _nc_transpose(lw, step):
 
 @lowering(_isa.tensor_copy)
 def _tensor_copy(lw, step):
-    kw = _beta1(step, [("src", "T")])
+    dst, kw = _style(step, [("src", "T")])
     src = kw["src"]
     g, d, may_alias = lw.value(src)
-    put = lw.produce(step, src.slot if may_alias else None)
+    put = _emit(lw, step, dst, src.slot if may_alias else None)
 
     def op(V, X, L):
         put(V, X, g(V, X))
@@ -671,7 +862,7 @@ def _affine_select(lw, step):
 
 @lowering(_isa.tensor_reduce)
 def _tensor_reduce(lw, step):
-    kw = _beta1(step, [("op", "F"), ("data", "T"), ("axis", "A")])
+    dst, kw = _style(step, [("op", "F"), ("data", "T"), ("axis", "A")])
     data = kw["data"]
     g, d, _ = lw.value(data)
     ndim = len(lw.shape(data))
@@ -680,7 +871,7 @@ def _tensor_reduce(lw, step):
     if not isinstance(f, np.ufunc):
         raise Decline("reduction op")
     keepdims, negate = kw.get("keepdims", False), kw.get("negate", False)
-    put = lw.produce(step)
+    put = _emit(lw, step, dst)
 
     def op(V, X, L):
         with _errstate(all="ignore"):
@@ -693,7 +884,7 @@ def _tensor_reduce(lw, step):
 
 @lowering(_isa.activation)
 def _activation(lw, step):
-    kw = _beta1(step, [("op", "F"), ("data", "T"), ("bias", "A"), ("scale", "A")])
+    dst, kw = _style(step, [("op", "F"), ("data", "T"), ("bias", "A"), ("scale", "A")])
     f = _ops.resolve_unary(kw["op"])
     data = kw["data"]
     g, d, may_alias = lw.value(data)
@@ -722,7 +913,7 @@ def _activation(lw, step):
         wr = lw.writer(reduce_res)
     if f is not _ops.UNARY["copy"] and f is not _ops.UNARY["identity"]:
         may_alias = False
-    put = lw.produce(step, data.slot if may_alias else None)
+    put = _emit(lw, step, dst, data.slot if may_alias else None)
 
     def op(V, X, L):
         x = g(V, X)
@@ -742,8 +933,8 @@ def _activation(lw, step):
 
 @lowering(_isa.tensor_scalar)
 def _tensor_scalar(lw, step):
-    kw = _beta1(step, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("reverse0", "A"),
-                       ("op1", "F"), ("operand1", "A"), ("reverse1", "A")])
+    dst, kw = _style(step, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("reverse0", "A"),
+                            ("op1", "F"), ("operand1", "A"), ("reverse1", "A")])
     data = kw["data"]
     g, d, _ = lw.value(data)
     dshape = tuple(lw.shape(data))
@@ -756,7 +947,7 @@ def _tensor_scalar(lw, step):
             break
         go, _, so = lw.operand(kw["operand" + i])
         stages.append((_ops.resolve_binary(op_), go, bool(so), bool(kw.get("reverse" + i, False))))
-    put = lw.produce(step)
+    put = _emit(lw, step, dst)
 
     def op(V, X, L):
         r = g(V, X)

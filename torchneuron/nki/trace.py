@@ -449,8 +449,11 @@ class TraceCache:
             setattr(self, what, getattr(self, what) + 1)
 
     def info(self):
-        return {"signatures": len(self._programs), "traces": self.traces, "replays": self.replays,
-                "interpreted": self.interpreted, "unreplayable": sorted(set(self._unreplayable.values()))}
+        progs = list(self._programs.values())
+        return {"signatures": len(progs), "traces": self.traces, "replays": self.replays,
+                "interpreted": self.interpreted, "unreplayable": sorted(set(self._unreplayable.values())),
+                "lowered": sum(1 for p in progs if p.fast),
+                "not_lowered": sorted({p.fast_declined for p in progs if p.fast is False})}
 
     def clear(self):
         with self._lock:
