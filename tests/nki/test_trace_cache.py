@@ -284,3 +284,28 @@ def test_lowered_replays_from_several_threads(rng):
     for args, out in zip(calls, outs):
         same_bits(out, ref(*args))
     assert kernel.cache_info()["lowered"] == 1
+
+
+def test_lowered_loads_keep_their_values_when_the_source_changes(rng):
+    """A loaded tile that engines read once is converted straight from HBM (no tile copy);
+    if its region is overwritten while the tile is live, the tile must be copied at the load."""
+    @nki.jit
+    def overwrite(x, y):
+        out = nl.ndarray((3,) + x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(x)                          # read once, after x changes
+        u = nl.load(x)                          # read twice
+        w = nl.load(y)                          # stored as is (a raw read)
+        nl.store(x, value=nl.load(y))           # overwrite the region t was loaded from
+        nl.store(out[0], value=nl.multiply(t, 2.0, dtype=nl.float32))
+        nl.store(out[1], value=nl.add(u, u, dtype=nl.float32))
+        nl.store(out[2], value=w)
+        return out
+
+    ref = nki.jit(overwrite.fn, trace_cache=False)
+    for _ in range(3):
+        x = rng.standard_normal((128, 64)).astype(nl.bfloat16)
+        y = rng.standard_normal((128, 64)).astype(nl.bfloat16)
+        x2 = x.copy()
+        same_bits(overwrite(x, y), ref(x2, y))
+        same_bits(x, x2)
+    assert overwrite.cache_info()["lowered"] == 1, overwrite.cache_info()

@@ -41,6 +41,7 @@ from .trace import View, _Nested, _WHOLE, _STRIDED, _UINT_OF_SIZE
 
 F32 = np.float32
 _errstate = np.errstate
+FORWARD_LOADS = True  # (switch for measurements)
 
 
 class Decline(Exception):
@@ -170,6 +171,7 @@ class Lowerer:
         self.free_phys = {}            # (shape, dtype) -> [phys]
         self.hbm_slots = set(range(program.n_inputs))
         self.pv = {}                   # PSUM slot -> its psum_valid array, as the interpreter's would be
+        self.fwd = {}                  # loaded slot -> [source vid, source slot, _Def, read once already]
 
     # ---------------------------------------------------------------- views
     def vid(self, view):
@@ -202,6 +204,9 @@ class Lowerer:
         d = self.cur.get(slot)
         if d is not None:
             d.store = True
+        f = self.fwd.pop(slot, None)
+        if f is not None:
+            f[2].store = True
 
     def raw(self, view):
         """Storage read (DMA): returns the vid."""
@@ -218,6 +223,15 @@ class Lowerer:
         dtype = self.meta[s][1]
         if view.kind == _WHOLE and self.exact.get(s):
             return (lambda V, X: X[s]), dtype, False
+        f = self.fwd.get(s) if view.kind == _WHOLE else None
+        if f is not None and not f[3]:
+            # the first engine read of a loaded tile converts straight from the
+            # loaded region (same bits as the tile; a new C-ordered float32
+            # array, as converting the tile's own storage gives); a tile read
+            # again is copied by its load, which is cheaper from then on
+            f[3] = True
+            src = f[0]
+            return (lambda V, X: V[src].astype(F32, order="C")), dtype, False
         self._touch_storage(s)
         if self.meta[s][3] == F32:
             return (lambda V, X: V[v]), dtype, True
@@ -243,8 +257,13 @@ class Lowerer:
             if src == s and self.exact.get(r):
                 # the interpreter's result would see this write (it shares the storage)
                 raise Decline("a result aliasing this tile's storage is still live")
+        for t, f in list(self.fwd.items()):
+            if f[1] == s:  # the loaded region changes: the tile must hold its own copy
+                f[2].store = True
+                del self.fwd[t]
         if view.kind != _WHOLE:
             self._touch_storage(s)
+        self.fwd.pop(s, None)
         self.exact[s] = False
         self.cur.pop(s, None)
         self.mark_valid(view)
@@ -300,6 +319,7 @@ class Lowerer:
         return self.whole(slot)
 
     def release(self, slot):
+        self.fwd.pop(slot, None)
         p = self.phys_of.pop(slot, None)
         if p is not None:
             self.free_phys.setdefault(self.phys[p], []).append(p)
@@ -477,6 +497,18 @@ def _load(lw, step, transpose):
     _, dt, _, st = lw.meta[slot]
     same = lw.meta[src.slot][3] == st and dt is not _dt.tfloat32
     from_compute = _dt.from_compute
+    if same and st != F32 and not transpose and FORWARD_LOADS:
+        # the copy is made only if a step reads the tile other than by one
+        # engine read (or the loaded region changes while the tile is live)
+        if tuple(lw.shape(src)) != tuple(lw.meta[slot][0]):
+            raise Decline("load shape")
+        d = _Def()
+        lw.fwd[slot] = [r, src.slot, d, False]
+
+        def op(V, X, L):
+            if d.store:
+                np.copyto(V[w], V[r])
+        return op
     if transpose:
         if same:
             def op(V, X, L):
