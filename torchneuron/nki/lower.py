@@ -257,8 +257,11 @@ class Lowerer:
             if src == s and self.exact.get(r):
                 # the interpreter's result would see this write (it shares the storage)
                 raise Decline("a result aliasing this tile's storage is still live")
+        hbm = not self.meta[s][2].on_chip
         for t, f in list(self.fwd.items()):
-            if f[1] == s:  # the loaded region changes: the tile must hold its own copy
+            # the loaded region may change (HBM arguments can share memory):
+            # the tile must hold its own copy
+            if hbm or f[1] == s:
                 f[2].store = True
                 del self.fwd[t]
         if view.kind != _WHOLE:
@@ -320,6 +323,7 @@ class Lowerer:
 
     def release(self, slot):
         self.fwd.pop(slot, None)
+        self.alias.pop(slot, None)
         p = self.phys_of.pop(slot, None)
         if p is not None:
             self.free_phys.setdefault(self.phys[p], []).append(p)
