@@ -37,7 +37,7 @@ from . import language as _nl
 from . import ops as _ops
 from .machine import Buffer, new_storage
 from .tensor import align_to, assign as _assign_op
-from .trace import View, _Nested, _WHOLE, _STRIDED, _UINT_OF_SIZE
+from .trace import View, _Nested, _WHOLE, _STRIDED, _GATHER, _UINT_OF_SIZE
 
 F32 = np.float32
 _errstate = np.errstate
@@ -79,6 +79,15 @@ def strided_view(data, shape, offset, strides):
     return np.ndarray(shape, u, data.view(u), offset, strides).view(data.dtype)
 
 
+def _view(data, kind, shape, off, strides):
+    """View-table entry: the storage, a strided view of it, or (gathered views) its flat form."""
+    if kind == _WHOLE:
+        return data
+    if kind == _GATHER:
+        return data.reshape(-1)
+    return strided_view(data, shape, off, strides)
+
+
 class FastProgram:
     """The lowered form of a ``trace.Program``."""
 
@@ -97,8 +106,7 @@ class FastProgram:
         bufs = [np.empty(shape, dt) for shape, dt in self.phys]
         V = [None] * self.n_views
         for vid, p, kind, shape, off, strides in self.onchip:
-            base = bufs[p]
-            V[vid] = base if kind == _WHOLE else strided_view(base, shape, off, strides)
+            V[vid] = _view(bufs[p], kind, shape, off, strides)
         return V
 
     def replay(self, launch, inputs, slot_meta):
@@ -114,7 +122,7 @@ class FastProgram:
                 data = inputs[slot]._alloc.data
                 H[slot] = data
                 for vid, kind, shape, off, strides in views:
-                    V[vid] = data if kind == _WHOLE else strided_view(data, shape, off, strides)
+                    V[vid] = _view(data, kind, shape, off, strides)
             X.append(H)  # HBM storage by slot, for the result (X[-1])
             for k, ops in enumerate(self.instances):
                 i = 0
@@ -172,16 +180,21 @@ class Lowerer:
         self.hbm_slots = set(range(program.n_inputs))
         self.pv = {}                   # PSUM slot -> its psum_valid array, as the interpreter's would be
         self.fwd = {}                  # loaded slot -> [source vid, source slot, _Def, read once already]
+        self.keep = []                 # gathered views (their ids are view-table keys)
 
     # ---------------------------------------------------------------- views
     def vid(self, view):
         if not isinstance(view, View):
             raise Decline("not a tile")
-        if view.kind not in (_WHOLE, _STRIDED) or view.mask is not None:
-            raise Decline("gathered or masked view")
+        if view.mask is not None or (view.kind == _GATHER and view.oob is not None):
+            raise Decline("masked view or out-of-bounds index")
         if view.slot not in self.meta:
             raise Decline("unknown slot")
-        key = (view.slot, view.kind, view.shape, view.offset, view.strides)
+        if view.kind == _GATHER:
+            key = (view.slot, view.kind, id(view), None, None)
+            self.keep.append(view)
+        else:
+            key = (view.slot, view.kind, view.shape, view.offset, view.strides)
         v = self.vids.get(key)
         if v is None:
             v = self.vids[key] = len(self.view_specs)
@@ -194,6 +207,8 @@ class Lowerer:
         return self.vid(v)
 
     def shape(self, view):
+        if view.kind == _GATHER:
+            return view.key.shape
         return self.meta[view.slot][0] if view.kind == _WHOLE else view.shape
 
     def on_chip(self, view):
@@ -209,10 +224,13 @@ class Lowerer:
             f[2].store = True
 
     def raw(self, view):
-        """Storage read (DMA): returns the vid."""
+        """Storage read (``NkiTensor.read``): a getter g(V)."""
         v = self.vid(view)
         self._touch_storage(view.slot)
-        return v
+        if view.kind == _GATHER:
+            key = view.key
+            return lambda V: V[v][key]
+        return lambda V: V[v]
 
     def value(self, view):
         """Engine read (``compute_values``): (getter(V, X) -> float32 array, nki dtype, may alias storage)."""
@@ -233,6 +251,11 @@ class Lowerer:
             src = f[0]
             return (lambda V, X: V[src].astype(F32, order="C")), dtype, False
         self._touch_storage(s)
+        if view.kind == _GATHER:
+            key = view.key
+            if self.meta[s][3] == F32:
+                return (lambda V, X: V[v][key]), dtype, False
+            return (lambda V, X: V[v][key].astype(F32)), dtype, False
         if self.meta[s][3] == F32:
             return (lambda V, X: V[v]), dtype, True
         return (lambda V, X: V[v].astype(F32)), dtype, False
@@ -276,11 +299,17 @@ class Lowerer:
         pv = self.pv.get(view.slot)
         if pv is None or view.kind == _WHOLE:
             return pv
+        if view.kind == _GATHER:
+            return pv.reshape(-1)[view.key]  # (a copy)
         isz = self.meta[view.slot][3].itemsize
         return np.lib.stride_tricks.as_strided(pv.reshape(-1)[view.offset // isz:], shape=view.shape,
                                                strides=[st // isz for st in view.strides])
 
     def mark_valid(self, view):
+        if view.kind == _GATHER:
+            if view.slot in self.pv:
+                self.pv[view.slot].reshape(-1)[view.key] = True
+            return
         r = self.valid_region(view)
         if r is not None:
             r[...] = True
@@ -293,6 +322,16 @@ class Lowerer:
         tf32 = dt is _dt.tfloat32
         from_compute = _dt.from_compute
         self.written(view)
+        if view.kind == _GATHER:
+            key = view.key
+
+            def wg(V, vals):
+                if vals.shape != shape:
+                    vals = align_to(vals, shape)
+                if vals.dtype != st or tf32:
+                    vals = from_compute(vals, dt)
+                V[v][key] = vals
+            return wg
 
         def w(V, vals):
             if vals.shape != shape:
@@ -450,7 +489,7 @@ def _ndarray(lw, step):
             data = alloc(shape, st) if alloc is not None else new_storage(shape, dt, L.debug)
             X[-1][slot] = data
             for vid, kind, vshape, off, strides in views:
-                V[vid] = data if kind == _WHOLE else strided_view(data, vshape, off, strides)
+                V[vid] = _view(data, kind, vshape, off, strides)
         return op
     if not buffer.on_chip:
         raise Decline("private HBM")
@@ -495,13 +534,17 @@ def _load(lw, step, transpose):
     src = a["src"]
     if not isinstance(src, View) or lw.on_chip(src) or not lw.shape(src):
         raise Decline("load source")
-    r = lw.raw(src)
+    forward = src.kind != _GATHER and FORWARD_LOADS
+    if forward:
+        r = lw.vid(src)
+        lw._touch_storage(src.slot)
+    g = lw.raw(src)
     slot = _single_bind(step)
     w = lw.new_onchip(slot)
     _, dt, _, st = lw.meta[slot]
     same = lw.meta[src.slot][3] == st and dt is not _dt.tfloat32
     from_compute = _dt.from_compute
-    if same and st != F32 and not transpose and FORWARD_LOADS:
+    if same and st != F32 and not transpose and forward:
         # the copy is made only if a step reads the tile other than by one
         # engine read (or the loaded region changes while the tile is live)
         if tuple(lw.shape(src)) != tuple(lw.meta[slot][0]):
@@ -516,19 +559,19 @@ def _load(lw, step, transpose):
     if transpose:
         if same:
             def op(V, X, L):
-                np.copyto(V[w], V[r].T)
+                np.copyto(V[w], g(V).T)
         else:
             def op(V, X, L):
-                V[w][...] = from_compute(V[r].T, dt)
+                V[w][...] = from_compute(g(V).T, dt)
     else:
         if tuple(lw.shape(src)) != tuple(lw.meta[slot][0]):
             raise Decline("load shape")
         if same:
             def op(V, X, L):
-                np.copyto(V[w], V[r])
+                np.copyto(V[w], g(V))
         else:
             def op(V, X, L):
-                V[w][...] = from_compute(V[r], dt)
+                V[w][...] = from_compute(g(V), dt)
     return op
 
 
@@ -554,8 +597,8 @@ def _store(lw, step):
     if value.kind == _WHOLE and lw.exact.get(s):
         get = lambda V, X: X[s]  # noqa: E731
     else:
-        v = lw.raw(value)
-        get = lambda V, X: V[v]  # noqa: E731
+        rg = lw.raw(value)
+        get = lambda V, X: rg(V)  # noqa: E731
     w = lw.writer(dst)
 
     def op(V, X, L):
@@ -577,8 +620,8 @@ def _assign(lw, step):
     if value.kind == _WHOLE and lw.exact.get(s):
         get = lambda V, X: X[s]  # noqa: E731
     else:
-        v = lw.raw(value)
-        get = lambda V, X: V[v]  # noqa: E731
+        rg = lw.raw(value)
+        get = lambda V, X: rg(V)  # noqa: E731
     w = lw.writer(target)
 
     def op(V, X, L):
@@ -657,7 +700,7 @@ def _update(lw, step):
     tshape = tuple(lw.shape(target))
     align = bool(so) and tuple(so) != tshape
     _, dt, _, st = lw.meta[target.slot]
-    if isinstance(f, np.ufunc) and dt is not _dt.tfloat32 and dt == F32:
+    if isinstance(f, np.ufunc) and dt is not _dt.tfloat32 and dt == F32 and target.kind != _GATHER:
         # update_in_place: straight into float32 storage
         t = lw.vid(target)
         lw._touch_storage(target.slot)
@@ -742,7 +785,8 @@ def _nc_matmul(lw, step):
     acc = kw.get("accumulate")
     _, dt, _, _ = lw.meta[dst.slot]
     region = lw.valid_region(dst)
-    if acc is not False and dt is not _dt.tfloat32 and dt == F32 and (acc is not None or region.all()):
+    if (acc is not False and dt is not _dt.tfloat32 and dt == F32 and dst.kind != _GATHER
+            and (acc is not None or region.all())):
         # update_in_place
         t = lw.vid(dst)
         lw._touch_storage(dst.slot)
@@ -837,14 +881,14 @@ def _dma_copy(lw, step):
     dst, src = kw["dst"], kw["src"]
     if not isinstance(dst, View) or not isinstance(src, View):
         raise Decline("dma_copy")
-    r = lw.raw(src)
+    rg = lw.raw(src)
     convert = lw.meta[src.slot][1] != lw.meta[dst.slot][1]
     shape = tuple(lw.shape(dst))
     w = lw.writer(dst)
     to_compute = _dt.to_compute
 
     def op(V, X, L):
-        vals = V[r]
+        vals = rg(V)
         if convert:
             vals = to_compute(vals)
         w(V, align_to(vals, shape))
@@ -1044,7 +1088,7 @@ def lower(program, slot_meta, debug):
 
 def _check_result(t, lw):
     if isinstance(t, View):
-        if t.kind not in (_WHOLE, _STRIDED) or t.slot not in lw.hbm_slots:
+        if t.kind not in (_WHOLE, _STRIDED) or t.mask is not None or t.slot not in lw.hbm_slots:
             raise Decline("result")
     elif isinstance(t, _Nested):
         for x in t.items:
