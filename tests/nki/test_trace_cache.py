@@ -54,7 +54,7 @@ def same_bits(a, b):
 # Cases whose programs are lowered into pre-bound closures (lower.py); the
 # others replay instruction by instruction.  Both replays are checked.
 LOWERED = {"matmul_beta1_bf16", "matmul_nki0_bf16", "attention_bf16", "add_nki0_grid", "add_beta1_grid",
-           "avg_pool_mgrid", "transpose_index_grids"}
+           "avg_pool_mgrid", "transpose_index_grids", "layer_norm", "rmsnorm_nki0"}
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["lowered", "generic"])

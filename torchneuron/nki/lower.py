@@ -36,7 +36,7 @@ from . import isa as _isa
 from . import language as _nl
 from . import ops as _ops
 from .machine import Buffer, new_storage
-from .tensor import align_to, assign as _assign_op
+from .tensor import NkiTensor as _NkiTensor, align_to, assign as _assign_op
 from .trace import View, _Nested, _WHOLE, _STRIDED, _GATHER, _UINT_OF_SIZE
 
 F32 = np.float32
@@ -1107,3 +1107,77 @@ def _with_frees(op, frees):
         for s in frees:
             X[s] = None
     return run
+
+
+@lowering(_NkiTensor.ap)
+def _ap(lw, step):
+    # an access pattern over the same buffer is only a view: later steps
+    # record it as one; with dtype= it would be a second buffer sharing memory
+    if step.kwargs.get("dtype") is not None or not isinstance(step.args[0], View):
+        raise Decline("ap with dtype")
+    if step.binds:
+        raise Decline("ap")
+    return None
+
+
+@lowering(_isa.scalar_tensor_tensor)
+def _scalar_tensor_tensor(lw, step):
+    dst, kw = _style(step, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("op1", "F"),
+                            ("operand1", "T"), ("reverse0", "A"), ("reverse1", "A")])
+    g, _, _ = lw.value(kw["data"])
+    g0, _, s0 = lw.operand(kw["operand0"])
+    g1, _, s1 = lw.operand(kw["operand1"])
+    stages = [(_ops.resolve_binary(kw["op0"]), g0, bool(s0), bool(kw.get("reverse0", False))),
+              (_ops.resolve_binary(kw["op1"]), g1, bool(s1), bool(kw.get("reverse1", False)))]
+    put = _emit(lw, step, dst)
+
+    def op(V, X, L):
+        r = g(V, X)
+        o = [go(V, X) for _, go, _, _ in stages]  # operands are read before computing
+        for (f, _, align, rev), o_ in zip(stages, o):
+            if align:
+                o_ = align_to(o_, r.shape)
+            with _errstate(all="ignore"):
+                r = np.asarray(f(o_, r) if rev else f(r, o_), dtype=F32)
+        put(V, X, r)
+    return op
+
+
+@lowering(_isa.bn_stats)
+def _bn_stats(lw, step):
+    dst, kw = _style(step, [("data", "T")])
+    g, _, _ = lw.value(kw["data"])
+    put = _emit(lw, step, dst)
+
+    def op(V, X, L):
+        v = g(V, X)
+        v = v.reshape(v.shape[0], -1)
+        out = np.zeros((v.shape[0], 6), dtype=F32)
+        for j, part in enumerate((v[:, 0::2], v[:, 1::2])):
+            n = part.shape[1]
+            out[:, 3 * j] = n
+            if n:
+                m = part.mean(axis=1, dtype=F32)
+                out[:, 3 * j + 1] = m
+                out[:, 3 * j + 2] = ((part - m[:, None]) ** 2).sum(axis=1, dtype=F32)
+        put(V, X, out)
+    return op
+
+
+@lowering(_isa.bn_aggr)
+def _bn_aggr(lw, step):
+    dst, kw = _style(step, [("data", "T")])
+    g, _, _ = lw.value(kw["data"])
+    put = _emit(lw, step, dst)
+
+    def op(V, X, L):
+        v = g(V, X)
+        v = v.reshape(v.shape[0], -1)
+        t = v.reshape(v.shape[0], -1, 3).astype(np.float64)
+        cnt, mean_i, m2 = t[..., 0], t[..., 1], t[..., 2]
+        n = cnt.sum(axis=1)
+        safe = np.where(n > 0, n, 1)
+        mean = (cnt * mean_i).sum(axis=1) / safe
+        var = (m2 + cnt * (mean_i - mean[:, None]) ** 2).sum(axis=1) / safe
+        put(V, X, np.stack([mean, var], axis=1).astype(F32))
+    return op
