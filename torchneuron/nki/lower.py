@@ -18,12 +18,18 @@ and turns every step into a closure that does only the array work:
 * dtypes, rounding functions, operators, broadcast decisions and constant
   masks are resolved when lowering.
 
+* a bf16/fp8 tile loaded from HBM and read by a single engine instruction is
+  converted straight from HBM, without the tile copy, unless HBM is written
+  while it is live.
+
 The closures perform the same NumPy operations in the same order as the
-interpreter, so results are bit-identical (tests/nki/test_trace_cache.py).
-Lowering covers the instructions of common beta-1 kernels (loads, stores,
-matmuls, elementwise and reduction instructions without masks).  A program
-with any other step (masks, index grids, access patterns, destination-style
-calls, random numbers, ...) is not lowered and replays generically.
+interpreter, so results are bit-identical (tests/nki/test_trace_cache.py
+checks lowered and generic replays against interpretation).  Lowering covers
+the common instructions of both language generations (see ``@lowering``
+below) on basic, ``.ap()`` and index-grid views.  A program with any other
+step (``mask=``, out-of-bounds index grids, dtype reinterpretation, random
+numbers, accumulation-register reads, ...) is not lowered (``Decline``) and
+replays generically.
 """
 from __future__ import annotations
 
@@ -441,13 +447,6 @@ def _style(step, kinds):
     if kw.get("mask") is not None:
         raise Decline("mask")
     return dst, kw
-
-
-def _beta1(step, kinds):
-    dst, kw = _style(step, kinds)
-    if dst is not None:
-        raise Decline("dst form")
-    return kw
 
 
 def _emit(lw, step, dst, values_may_alias=None):
@@ -1041,74 +1040,6 @@ def _tensor_scalar(lw, step):
     return op
 
 
-# ----------------------------------------------------------------- driver
-def lower(program, slot_meta, debug):
-    """The FastProgram for ``program``; raises Decline if a step is not covered."""
-    lw = Lowerer(program, slot_meta)
-    lw.debug = debug
-    lw.slot_views = {}
-    for s in range(program.n_inputs):
-        lw.exact[s] = False
-    instances, locations = [], []
-    for _, steps in program.instances:
-        ops, locs = [], []
-        for step in steps:
-            g = _LOWERINGS.get(step.fn)
-            if g is None:
-                raise Decline(f"instruction {getattr(step.fn, '__name__', step.fn)}")
-            op = g(lw, step)
-            frees = step.frees
-            for s in frees:
-                lw.release(s)
-            if frees:
-                op = _with_frees(op, frees)
-            if op is not None:
-                ops.append(op)
-                locs.append(step.location)
-        instances.append(ops)
-        locations.append(locs)
-    # which view-table entries are over HBM (per launch) and which over preallocated buffers
-    input_views, onchip, hbm_vids = {}, [], []
-    for vid, (slot, kind, shape, off, strides) in enumerate(lw.view_specs):
-        entry = (vid, kind, shape, off, strides)
-        if slot in lw.phys_of_all:
-            onchip.append((vid, lw.phys_of_all[slot], kind, shape, off, strides))
-        elif slot < program.n_inputs:
-            input_views.setdefault(slot, []).append(entry)
-            hbm_vids.append(vid)
-        elif slot in lw.slot_views:
-            lw.slot_views[slot].append(entry)
-            hbm_vids.append(vid)
-        else:
-            raise Decline("view of an unknown buffer")
-    _check_result(program.result, lw)
-    return FastProgram(program.n_slots, len(lw.view_specs), instances, sorted(input_views.items()), onchip,
-                       lw.phys, program.result, hbm_vids, locations)
-
-
-def _check_result(t, lw):
-    if isinstance(t, View):
-        if t.kind not in (_WHOLE, _STRIDED) or t.mask is not None or t.slot not in lw.hbm_slots:
-            raise Decline("result")
-    elif isinstance(t, _Nested):
-        for x in t.items:
-            _check_result(x[1] if t.kind is dict else x, lw)
-
-
-def _with_frees(op, frees):
-    if op is None:
-        def run(V, X, L):
-            for s in frees:
-                X[s] = None
-        return run
-
-    def run(V, X, L):
-        op(V, X, L)
-        for s in frees:
-            X[s] = None
-    return run
-
-
 @lowering(_NkiTensor.ap)
 def _ap(lw, step):
     # an access pattern over the same buffer is only a view: later steps
@@ -1181,3 +1112,72 @@ def _bn_aggr(lw, step):
         var = (m2 + cnt * (mean_i - mean[:, None]) ** 2).sum(axis=1) / safe
         put(V, X, np.stack([mean, var], axis=1).astype(F32))
     return op
+
+
+# ----------------------------------------------------------------- driver
+def lower(program, slot_meta, debug):
+    """The FastProgram for ``program``; raises Decline if a step is not covered."""
+    lw = Lowerer(program, slot_meta)
+    lw.debug = debug
+    lw.slot_views = {}
+    for s in range(program.n_inputs):
+        lw.exact[s] = False
+    instances, locations = [], []
+    for _, steps in program.instances:
+        ops, locs = [], []
+        for step in steps:
+            g = _LOWERINGS.get(step.fn)
+            if g is None:
+                raise Decline(f"instruction {getattr(step.fn, '__name__', step.fn)}")
+            op = g(lw, step)
+            frees = step.frees
+            for s in frees:
+                lw.release(s)
+            if frees:
+                op = _with_frees(op, frees)
+            if op is not None:
+                ops.append(op)
+                locs.append(step.location)
+        instances.append(ops)
+        locations.append(locs)
+    # which view-table entries are over HBM (per launch) and which over preallocated buffers
+    input_views, onchip, hbm_vids = {}, [], []
+    for vid, (slot, kind, shape, off, strides) in enumerate(lw.view_specs):
+        entry = (vid, kind, shape, off, strides)
+        if slot in lw.phys_of_all:
+            onchip.append((vid, lw.phys_of_all[slot], kind, shape, off, strides))
+        elif slot < program.n_inputs:
+            input_views.setdefault(slot, []).append(entry)
+            hbm_vids.append(vid)
+        elif slot in lw.slot_views:
+            lw.slot_views[slot].append(entry)
+            hbm_vids.append(vid)
+        else:
+            raise Decline("view of an unknown buffer")
+    _check_result(program.result, lw)
+    return FastProgram(program.n_slots, len(lw.view_specs), instances, sorted(input_views.items()), onchip,
+                       lw.phys, program.result, hbm_vids, locations)
+
+
+def _check_result(t, lw):
+    if isinstance(t, View):
+        if t.kind not in (_WHOLE, _STRIDED) or t.mask is not None or t.slot not in lw.hbm_slots:
+            raise Decline("result")
+    elif isinstance(t, _Nested):
+        for x in t.items:
+            _check_result(x[1] if t.kind is dict else x, lw)
+
+
+def _with_frees(op, frees):
+    if op is None:
+        def run(V, X, L):
+            for s in frees:
+                X[s] = None
+        return run
+
+    def run(V, X, L):
+        op(V, X, L)
+        for s in frees:
+            X[s] = None
+    return run
+

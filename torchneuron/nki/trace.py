@@ -17,7 +17,9 @@ array).  Buffers get a slot when an instruction first returns them; kernel
 arguments are the first slots.  Replay calls the same functions on views
 rebuilt over the new buffers, so the arithmetic, rounding and engine state
 (PSUM accumulation groups, accumulation registers, random generators) are
-exactly those of interpretation.
+exactly those of interpretation.  At its first replay a program is also
+lowered, if it can be, into closures that do only the NumPy work of each
+step (``lower.py``); later replays run those.
 
 What makes a trace unreplayable is detected while recording, and the
 signature is then always interpreted (``Kernel.cache_info()`` says why):
