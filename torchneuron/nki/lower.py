@@ -33,6 +33,7 @@ replays generically.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 
 import numpy as np
@@ -410,9 +411,14 @@ def _single_bind(step):
     return step.binds[0][1]
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(fn):
+    return inspect.signature(fn)
+
+
 def _bound(fn, step):
     try:
-        b = inspect.signature(fn).bind(*step.args, **step.kwargs)
+        b = _signature(fn).bind(*step.args, **step.kwargs)
     except TypeError:
         raise Decline("arguments") from None
     b.apply_defaults()
