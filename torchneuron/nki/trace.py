@@ -17,7 +17,9 @@ array).  Buffers get a slot when an instruction first returns them; kernel
 arguments are the first slots.  Replay calls the same functions on views
 rebuilt over the new buffers, so the arithmetic, rounding and engine state
 (PSUM accumulation groups, accumulation registers, random generators) are
-exactly those of interpretation.
+exactly those of interpretation.  At its first replay a program is also
+lowered, if it can be, into closures that do only the NumPy work of each
+step (``lower.py``); later replays run those.
 
 What makes a trace unreplayable is detected while recording, and the
 signature is then always interpreted (``Kernel.cache_info()`` says why):
@@ -46,6 +48,11 @@ from .errors import NKIError, kernel_location
 _tls = threading.local()
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def fast_replay() -> bool:
+    """Replay lowered programs (``lower.py``) when possible?  TORCHNEURON_NKI_FAST_REPLAY=0 turns it off."""
+    return os.environ.get("TORCHNEURON_NKI_FAST_REPLAY", "1").lower() not in ("0", "false", "no", "off")
 
 
 def enabled(flag=None) -> bool:
@@ -206,8 +213,11 @@ class Step:
 class Program:
     """The recorded instructions of one launch signature: per grid point, a list of steps."""
 
-    def __init__(self, n_inputs, n_slots, instances, result):
+    def __init__(self, n_inputs, n_slots, instances, result, slot_meta=None):
         self.n_inputs, self.n_slots = n_inputs, n_slots
+        self.slot_meta = slot_meta or {}
+        self.fast = None  # lower.FastProgram, False if not lowerable, None until the first replay
+        self.fast_declined = None
         self.instances = instances  # [(program_id, [Step])]
         self.result = result
         self.steps = sum(len(s) for _, s in instances)
@@ -230,8 +240,24 @@ class Program:
             for step in steps:
                 step.frees = tuple(frees.get(id(step), ()))
 
+    def lowered(self, launch):
+        """The lowered program (built at the first replay), or None."""
+        fast = self.fast
+        if fast is None:
+            from .lower import Decline, lower
+            try:
+                fast = lower(self, self.slot_meta, launch.debug)
+            except Decline as e:
+                fast, self.fast_declined = False, str(e)
+            self.fast = fast
+        return fast or None
+
     def replay(self, launch, inputs):
         """Run the steps on new input tensors (in argument order); returns the kernel's result."""
+        if fast_replay():
+            fast = self.lowered(launch)
+            if fast is not None:
+                return fast.replay(launch, inputs, self.slot_meta)
         allocs = [t._alloc for t in inputs] + [None] * (self.n_slots - self.n_inputs)
         for pid, steps in self.instances:
             with running(InstanceState(launch, pid)):
@@ -266,8 +292,9 @@ class Recorder:
         self.depth = 0
         self.reason = None
         self.slots = weakref.WeakKeyDictionary()  # Allocation -> slot (weak: liveness is accounted)
+        self.meta = {}
         for t in inputs:
-            self.slots.setdefault(t._alloc, len(self.slots))
+            self.meta[self.slots.setdefault(t._alloc, len(self.slots))] = _meta(t._alloc)
         self.n_inputs = len(inputs)
         self.n_slots = len(self.slots)
         self.instances = []
@@ -345,6 +372,7 @@ class Recorder:
         if isinstance(out, _tensor.NkiTensor):
             if out._alloc not in self.slots:
                 self.slots[out._alloc] = self.n_slots
+                self.meta[self.n_slots] = _meta(out._alloc)
                 binds.append((path, self.n_slots))
                 self.n_slots += 1
         elif isinstance(out, (list, tuple)):
@@ -360,7 +388,12 @@ class Recorder:
         except _Untraceable as e:
             self.reason = f"the kernel returns a tensor no instruction created ({e})"
             return None
-        return Program(self.n_inputs, self.n_slots, self.instances, template)
+        return Program(self.n_inputs, self.n_slots, self.instances, template, self.meta)
+
+
+def _meta(alloc):
+    """What the lowering needs to know about a buffer: shape, NKI dtype, memory, storage dtype."""
+    return (tuple(alloc.data.shape), alloc.dtype, alloc.buffer, alloc.data.dtype)
 
 
 # ------------------------------------------------------------------- cache
@@ -418,8 +451,11 @@ class TraceCache:
             setattr(self, what, getattr(self, what) + 1)
 
     def info(self):
-        return {"signatures": len(self._programs), "traces": self.traces, "replays": self.replays,
-                "interpreted": self.interpreted, "unreplayable": sorted(set(self._unreplayable.values()))}
+        progs = list(self._programs.values())
+        return {"signatures": len(progs), "traces": self.traces, "replays": self.replays,
+                "interpreted": self.interpreted, "unreplayable": sorted(set(self._unreplayable.values())),
+                "lowered": sum(1 for p in progs if p.fast),
+                "not_lowered": sorted({p.fast_declined for p in progs if p.fast is False})}
 
     def clear(self):
         with self._lock:
