@@ -19,7 +19,6 @@
 namespace torchneuron {
 namespace {
 
-constexpr int64_t kMinNumel = 1 << 15;  // smaller work gains nothing from fusing
 constexpr int64_t kPiece = 1 << 15;     // elements per piece: a multiple of every vector step
 constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
 
@@ -342,7 +341,7 @@ bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::
     (u.written ? writes : operands).push_back(o);
   }
   operands.insert(operands.end(), writes.begin(), writes.end());
-  if (numel < kMinNumel) return false;
+  if (numel < kMinFusableNumel) return false;
   if (rowwise) call.args[rowwise_ops().at(call.name)] = std::move(dims);  // pieces are [rows, row]
   return true;
 }

@@ -38,6 +38,9 @@ struct ElementwiseCall {
   std::string name;                // the operator the user called
 };
 
+// Smaller work gains nothing from fusing; callers skip building a call below it.
+constexpr int64_t kMinFusableNumel = 1 << 15;
+
 // On unless TORCHNEURON_ADAPTIVE_EAGER=0 or torch.use_deterministic_algorithms(True).
 bool adaptive_eager_enabled();
 void set_adaptive_eager(bool enabled);  // tests and benchmarks

@@ -23,11 +23,34 @@ at::Tensor alias_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKe
 
 at::Tensor host_alias(const at::Tensor& t, bool resizable) {
   if (!t.defined() || (t.is_cpu() && !resizable)) return t;
-  const auto& s = t.storage();
-  c10::Storage storage(c10::Storage::use_byte_size_t(), s.nbytes(),
-                       c10::DataPtr(const_cast<void*>(s.data()), c10::Device(c10::kCPU)),
+  return DeferredAlias::of(t).make(resizable);
+}
+
+DeferredAlias DeferredAlias::of(const at::Tensor& t) {
+  DeferredAlias d;
+  d.data = const_cast<void*>(t.storage().data());
+  d.nbytes = t.storage().nbytes();
+  d.dtype = t.dtype();
+  d.sizes.assign(t.sizes().begin(), t.sizes().end());
+  d.strides.assign(t.strides().begin(), t.strides().end());
+  d.offset = t.storage_offset();
+  d.conj = t.is_conj();
+  d.neg = t.is_neg();
+  d.wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+  return d;
+}
+
+at::Tensor DeferredAlias::make(bool resizable) const {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
                        resizable ? c10::GetCPUAllocator() : nullptr, resizable);
-  return alias_with(t, std::move(storage), c10::DispatchKey::CPU);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                      dtype);
+  auto* impl = out.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(sizes, strides, offset);
+  impl->_set_conj(conj);
+  impl->_set_neg(neg);
+  if (wrapped) impl->set_wrapped_number(true);
+  return out;
 }
 
 at::Tensor meta_alias(const at::Tensor& t) {

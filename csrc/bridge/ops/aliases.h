@@ -14,6 +14,23 @@ namespace torchneuron {
 // undefined. `resizable` lets a kernel grow it into fresh host memory, which
 // the caller must then copy back.
 at::Tensor host_alias(const at::Tensor& t, bool resizable = false);
+// A device tensor described by plain metadata, to be made into its host alias
+// later: a queued task makes its aliases when it runs, on the executor, so
+// the host's per-operator path does not pay for them. Like the alias, it
+// holds no reference to the device memory (the allocator reuses memory in
+// stream order).
+struct DeferredAlias {
+  void* data = nullptr;  // the storage's start
+  size_t nbytes = 0;     // the storage's size
+  caffe2::TypeMeta dtype;
+  c10::SmallVector<int64_t, 5> sizes, strides;
+  int64_t offset = 0;
+  bool conj = false, neg = false, wrapped = false;
+
+  static DeferredAlias of(const at::Tensor& device_tensor);
+  at::Tensor make(bool resizable = false) const;
+};
+
 // `t`'s metadata (sizes, strides, offset, dtype, storage size) on Meta.
 at::Tensor meta_alias(const at::Tensor& t);
 

@@ -331,34 +331,65 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   for (size_t k = 0; k < traits.written.size(); ++k)
     if (meta_written[k].defined()) adopt_metadata(args[traits.written[k]].toTensor(), meta_written[k]);
 
-  std::vector<c10::IValue> results(r), outputs;
+  // What the task gets: host values now, plain device tensors as metadata
+  // only (DeferredAlias: the task makes their aliases when it runs).
+  struct TaskValues {
+    std::vector<c10::IValue> values;
+    std::vector<std::pair<size_t, DeferredAlias>> deferred;  // index into values
+    void add(const at::Tensor& device_tensor) {
+      deferred.emplace_back(values.size(), DeferredAlias::of(device_tensor));
+      values.emplace_back();
+    }
+    void make(bool resizable = false) {
+      for (auto& [i, d] : deferred) values[i] = d.make(resizable);
+      deferred.clear();
+    }
+  };
+  std::vector<c10::IValue> results(r);
+  TaskValues outputs, task_args;
+  task_args.values.reserve(n);
+  bool large = false;  // worth fusing
+  auto note = [&](const c10::IValue& v) { large |= v.isTensor() && v.toTensor().numel() >= kMinFusableNumel; };
   for (size_t i = 0; i < r; ++i) {
     if (traits.source[i] >= 0) {
       results[i] = args[traits.source[i]];
     } else {
       results[i] = map_tensors(meta[i], [&](const at::Tensor& m) { return m.defined() ? empty_like_on(m, device) : m; });
-      outputs.push_back(map_tensors(results[i], [](const at::Tensor& t) { return host_alias(t); }));
+      note(results[i]);
+      if (results[i].isTensor() && results[i].toTensor().defined())
+        outputs.add(results[i].toTensor());
+      else
+        outputs.values.push_back(map_tensors(results[i], [](const at::Tensor& t) { return host_alias(t); }));
     }
   }
-  std::vector<c10::IValue> task_args;
-  task_args.reserve(n);
-  for (size_t i = 0; i < n; ++i) task_args.push_back(task_arg(args[i], i, traits, device, true, false));
+  for (size_t i = 0; i < n; ++i) {
+    note(args[i]);
+    const bool device_tensor =
+        args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().device().type() == kNeuron;
+    if (device_tensor && !is_generator_arg(traits, i))
+      task_args.add(args[i].toTensor());
+    else
+      task_args.values.push_back(task_arg(args[i], i, traits, device, true, false));
+  }
 
   // A functional op whose out= overload exists writes straight into its
   // outputs; otherwise its results are copied into them.
-  const bool all_defined = std::all_of(outputs.begin(), outputs.end(), [](const c10::IValue& v) {
-    return v.isTensor() && v.toTensor().defined();
-  });
-  auto out_op = all_defined && outputs.size() == r && r > 0 ? traits.out_op : std::nullopt;
+  bool all_defined = true;
+  for (size_t i = 0; i < r; ++i)
+    all_defined &= traits.source[i] >= 0 || (results[i].isTensor() && results[i].toTensor().defined());
+  const size_t fresh = outputs.values.size();
+  auto out_op = all_defined && fresh == r && r > 0 ? traits.out_op : std::nullopt;
   std::string name = traits.task_name;
   rt::Stream& stream = current_runtime_stream(device);
-  if (traits.fusable && adaptive_eager_enabled()) {
-    ElementwiseCall call{out_op ? *out_op : op, task_args, {}, name};
+  if (traits.fusable && large && all_defined && adaptive_eager_enabled()) {
+    task_args.make();
+    outputs.make();
+    ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, name};
     if (out_op)
-      call.args.insert(call.args.end(), outputs.begin(), outputs.end());
+      call.args.insert(call.args.end(), outputs.values.begin(), outputs.values.end());
     else
-      for (const auto& o : outputs) call.results.push_back(o.toTensor());
-    if (all_defined && translate_errors([&] { return enqueue_fusable(stream, call); })) {
+      for (const auto& o : outputs.values) call.results.push_back(o.toTensor());
+    if (translate_errors([&] { return enqueue_fusable(stream, call); })) {
       torch::jit::drop(*stack, n);
       for (auto& v : results) stack->push_back(std::move(v));
       return;
@@ -371,27 +402,30 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
           auto guard = below_autograd();
           static DropWarnings drop;
           c10::WarningUtils::WarningHandlerGuard quiet(&drop);
-          torch::jit::Stack s(std::move(task_args));
+          task_args.make();
+          torch::jit::Stack s(std::move(task_args.values));
           if (out_op) {
             // Some out= kernels resize their output as scratch (mse_loss.out):
             // they get resizable aliases, and results that moved come back.
             std::vector<at::Tensor> flexible;
-            for (auto& o : outputs) flexible.push_back(host_alias(o.toTensor(), /*resizable=*/true));
+            for (auto& o : outputs.values)
+              flexible.push_back(o.isTensor() ? host_alias(o.toTensor(), /*resizable=*/true) : at::Tensor());
+            for (auto& [i, d] : outputs.deferred) flexible[i] = d.make(/*resizable=*/true);
             for (auto& f : flexible) s.push_back(f);
             out_op->callBoxed(&s);
-            for (size_t i = 0; i < flexible.size(); ++i)
-              if (flexible[i].storage().data() != outputs[i].toTensor().storage().data())
-                outputs[i].toTensor().copy_(flexible[i]);
+            for (auto& [i, d] : outputs.deferred)
+              if (flexible[i].storage().data() != d.data) d.make().copy_(flexible[i]);
             return;
           }
+          outputs.make();
           {
-            PlaceResults placing(outputs, traits.place_results);
+            PlaceResults placing(outputs.values, traits.place_results);
             op.callBoxed(&s);
           }
           std::vector<c10::IValue> results;
           for (size_t i = 0; i < s.size(); ++i)
             if (traits.source[i] < 0) results.push_back(s[i]);
-          settle_results(results, outputs);
+          settle_results(results, outputs.values);
         });
   });
   torch::jit::drop(*stack, n);

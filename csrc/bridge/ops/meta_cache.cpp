@@ -88,6 +88,7 @@ bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
                     const std::vector<size_t>& skip, MetaSignature& out) {
   out.schema = &op.schema();
   out.words.clear();
+  out.words.reserve(16 * args.size());  // no regrowth on the per-operator path
   // Factories without a dtype take the default dtype: part of the signature.
   out.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   for (size_t i = 0; i < args.size(); ++i) {
