@@ -28,7 +28,11 @@ setup(
             "torchneuron._C",
             sources,
             include_dirs=[os.path.join(ROOT, "csrc")],
-            extra_compile_args={"cxx": ["-O2", "-Wno-unused-parameter"]},
+            # -fopenmp: ATen's at::parallel_for is a header template that runs
+            # serially unless the including code is built with OpenMP. At run
+            # time this resolves to the libgomp.so.1 torch has already loaded.
+            extra_compile_args={"cxx": ["-O2", "-Wno-unused-parameter", "-fopenmp"]},
+            extra_link_args=["-fopenmp"],
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
