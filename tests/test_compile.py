@@ -304,10 +304,16 @@ def test_replay_program_tensor_lists_copies_and_errors():
     prog.add_op("cat_out", "aten::cat", "out", [[None, None]], {"out": None, "dim": 0},
                 [(0, 0, ref(False, 0, a)), (0, 1, ref(False, 0, a)), (2, -1, ref(True, 0, buf))], [])
     assert len(prog) == 2
-    (out,) = prog.launch([a], [])
+    # results: the fresh output, and row 1 of the static buffer (a view at byte offset 12)
+    prog.set_results([(False, 1, 0, [], [], None), (True, 0, 12, [3], [1], torch.float32)])
+    out, row = prog.launch([a], [])
     _close(out, torch.cat([a.cpu(), torch.ones(2, 3)]))
     _close(buf, torch.cat([a.cpu(), a.cpu()]))
+    _close(row, a.cpu()[1])
+    with torch.neuron.stream(torch.neuron.Stream()):   # bound to the recorded stream
+        assert prog.launch([a], []) is None
 
+    torch.neuron.synchronize()
     bad = _C._CompiledReplay("compiled::replay_bad", 0, [], [])
     bad.add_op("mm", "aten::mm", "", [None, None], {}, [(0, -1, ref(False, 0, a)), (1, -1, ref(False, 0, a))], [])
     bad.launch([a], [])

@@ -73,9 +73,11 @@ struct CompiledReplay::Program {
 
   std::string name;
   c10::DeviceIndex device;
+  c10::Stream stream;
   std::vector<at::Tensor> statics;        // owned device memory (buffers, constants)
   std::vector<at::Tensor> static_hosts;   // their CPU aliases
   std::vector<Output> outputs;
+  std::vector<ReplayRef> results;
   std::vector<Step> steps;
   bool needs_hosts = false;   // some step takes CPU aliases of the dynamic slots
   bool launched = false;
@@ -137,10 +139,8 @@ struct CompiledReplay::Program {
 
 CompiledReplay::CompiledReplay(std::string name, c10::DeviceIndex device, std::vector<at::Tensor> statics,
                                std::vector<Output> outputs)
-    : program_(std::make_shared<Program>()) {
+    : program_(std::make_shared<Program>(Program{std::move(name), device, current_stream(device)})) {
   auto& p = *program_;
-  p.name = std::move(name);
-  p.device = device;
   for (const auto& t : statics) {
     TORCH_CHECK(t.device().type() == kNeuron, p.name, ": static slots must be neuron tensors, got ", t.device());
     p.static_hosts.push_back(host_alias(t));   // metadata only: read by the task, never here
@@ -208,9 +208,19 @@ void CompiledReplay::add_python(std::string name, PythonStep fn) {
 
 size_t CompiledReplay::num_steps() const { return program_->steps.size(); }
 
-std::vector<at::Tensor> CompiledReplay::launch(const std::vector<at::Tensor>& inputs,
-                                               const std::vector<at::Tensor>& cpu_inputs) {
+void CompiledReplay::set_results(std::vector<ReplayRef> results) {
   auto& p = *program_;
+  for (const auto& r : results) {   // (dynamic slots are checked per call)
+    TORCH_CHECK(r.slot >= 0 && (!r.is_static || r.slot < int64_t(p.statics.size())), p.name, ": result slot ",
+                r.slot, " out of range");
+  }
+  p.results = std::move(results);
+}
+
+std::optional<std::vector<at::Tensor>> CompiledReplay::launch(const std::vector<at::Tensor>& inputs,
+                                                              const std::vector<at::Tensor>& cpu_inputs) {
+  auto& p = *program_;
+  if (current_stream(p.device) != p.stream) return std::nullopt;
   p.launched = true;
   c10::DeviceGuard guard(c10::Device(kNeuron, p.device));
   std::vector<at::Tensor> outs;
@@ -245,7 +255,21 @@ std::vector<at::Tensor> CompiledReplay::launch(const std::vector<at::Tensor>& in
     current_runtime_stream(p.device).enqueue(
         p.name, [prog = program_, ptrs = std::move(ptrs), hosts = std::move(hosts)]() { prog->run(ptrs, hosts); });
   });
-  return outs;
+
+  std::vector<at::Tensor> results;
+  results.reserve(p.results.size());
+  for (const auto& r : p.results) {
+    const size_t k = static_cast<size_t>(r.slot);
+    TORCH_CHECK(r.is_static || k < inputs.size() + outs.size(), p.name, ": result slot ", k,
+                " is not a neuron input or output");
+    at::Tensor t = r.is_static ? p.statics[k] : k < inputs.size() ? inputs[k] : outs[k - inputs.size()];
+    if (r.dtype != c10::ScalarType::Undefined) {   // a view into the slot
+      if (r.dtype != t.scalar_type()) t = t.view(r.dtype);
+      t = t.as_strided(r.sizes, r.strides, t.storage_offset() + r.rel / static_cast<int64_t>(t.element_size()));
+    }
+    results.push_back(std::move(t));
+  }
+  return results;
 }
 
 // -- Python bindings -------------------------------------------------------------
@@ -372,6 +396,12 @@ void bind_compiled_replay(py::module_& m) {
       .def("add_python",
            [](CompiledReplay& self, std::string name, py::object fn) {
              self.add_python(std::move(name), PyCallable(std::move(fn)));
+           })
+      .def("set_results",
+           [](CompiledReplay& self, const py::list& results) {
+             std::vector<ReplayRef> rs;
+             for (auto r : results) rs.push_back(ref_from(r));
+             self.set_results(std::move(rs));
            })
       .def("launch", &CompiledReplay::launch, py::arg("inputs"), py::arg("cpu_inputs"),
            py::call_guard<py::gil_scoped_release>())

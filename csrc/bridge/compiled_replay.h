@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,8 +45,15 @@ class CompiledReplay {
     c10::ScalarType dtype;
   };
 
+  // Bound to the current stream of `device` at construction (the stream
+  // the graph was recorded on).
   CompiledReplay(std::string name, c10::DeviceIndex device, std::vector<at::Tensor> statics,
                  std::vector<Output> outputs);
+
+  // What the graph returns, in order: each a slot (the dynamic ones as
+  // above, the outputs being the fresh tensors of the call), or a view of
+  // one when `ref.dtype` is defined.
+  void set_results(std::vector<ReplayRef> results);
 
   // A generated C++ kernel: entry point `fn` called with `args`, where the
   // arguments at `patches[i].first` become the data pointer of `patches[i].second`.
@@ -68,9 +76,11 @@ class CompiledReplay {
   void add_python(std::string name, PythonStep fn);
 
   // Queues the replay as one task on the current stream of the device with
-  // `inputs` (neuron, used in place) and `cpu_inputs`; returns the freshly
-  // allocated outputs.
-  std::vector<at::Tensor> launch(const std::vector<at::Tensor>& inputs, const std::vector<at::Tensor>& cpu_inputs);
+  // `inputs` (neuron, used in place) and `cpu_inputs` (the outputs are
+  // allocated fresh); returns the results (set_results). Returns nullopt,
+  // queuing nothing, when the current stream is not the recorded one.
+  std::optional<std::vector<at::Tensor>> launch(const std::vector<at::Tensor>& inputs,
+                                                const std::vector<at::Tensor>& cpu_inputs);
 
   size_t num_steps() const;
 

@@ -289,12 +289,12 @@ class Recording:
         self.cpu_idx = [slots[s].index for s in dyn if slots[s].kind == "cpu_input"]
         out_geoms = [(list(slots[s].tensor.shape), list(slots[s].tensor.stride()), slots[s].tensor.dtype)
                      for s in dyn if slots[s].kind == "output"]
-        self.static = [slots[s].tensor for s in static]
         self.shared_inputs = rec.shared_inputs
         first = next(t for t in [slots[s].tensor for s in dyn + static] if t.device.type == "neuron")
         self.device = first.device
-        self.stream = torch.neuron.current_stream(self.device)
-        self.native = _C._CompiledReplay(f"compiled::replay{name}", self.device.index, self.static, out_geoms)
+        # (bound to the current stream, the one recorded on: calls on others run normally)
+        self.native = _C._CompiledReplay(f"compiled::replay{name}", self.device.index,
+                                         [slots[s].tensor for s in static], out_geoms)
         for step in rec.steps:
             refs = [(a, e, self._where(r)) for a, e, r in step.refs]
             if step.kind == "cpp":
@@ -305,8 +305,15 @@ class Recording:
                                    [(j, e, self._where(r)) for j, e, r in step.copies])
             else:
                 self.native.add_python(step.name, functools.partial(_call_binding, step.fn, step.args, refs))
+        # What the graph returns: tensors come from the C++ launch; other
+        # values (rare: a constant) are kept here and merged in per call.
+        self.native.set_results([self._where(r) if r.geom is not None else self.pos[r.slot] + (0, [], [], None)
+                                 for r in out_refs if isinstance(r, _Ref)])
+        self.consts = [(i, r) for i, r in enumerate(out_refs) if not isinstance(r, _Ref)]
+        # Inductor's compiled graphs return a flat list: no unflattening per call then
+        flat = out_spec.type in (list, tuple) and all(c.is_leaf() for c in out_spec.children_specs)
+        self.out_type = out_spec.type if flat else None
         self.out_spec = out_spec
-        self.outs = [self.pos[r.slot] + (r,) if isinstance(r, _Ref) else r for r in out_refs]
         self.slots = None   # (the static tensors are kept by the replay)
 
     def _where(self, ref: _Ref):
@@ -321,28 +328,21 @@ class Recording:
     # -- a call ----------------------------------------------------------------------
 
     def replay(self, args: list) -> Any:
-        """Queues the replay; returns the outputs, or None if this call must run normally."""
-        if torch.neuron.current_stream(self.device) != self.stream:
-            return None
+        """Queues the replay; returns the outputs, or None if this call must run normally
+        (another stream than the recorded one, inputs that no longer share memory as recorded)."""
         for i, j in self.shared_inputs:
             if args[i].untyped_storage().data_ptr() != args[j].untyped_storage().data_ptr():
                 return None
-        tensors = [args[i] for i in self.input_idx]
-        tensors += self.native.launch(tensors, [args[i] for i in self.cpu_idx])
-        outs = []
-        for r in self.outs:
-            if isinstance(r, tuple):
-                static, k, ref = r
-                t = self.static[k] if static else tensors[k]
-                if ref.geom is not None:
-                    size, stride, dtype = ref.geom
-                    if dtype != t.dtype:
-                        t = t.view(dtype)
-                    t = t.as_strided(size, stride, t.storage_offset() + ref.rel // t.element_size())
-                outs.append(t)
-            else:
-                outs.append(r)
+        outs = self.native.launch([args[i] for i in self.input_idx], [args[i] for i in self.cpu_idx])
+        if outs is None:
+            return None
         args.clear()
+        for i, v in self.consts:
+            outs.insert(i, v)
+        if self.out_type is list:
+            return outs
+        if self.out_type is tuple:
+            return tuple(outs)
         return tree_unflatten(outs, self.out_spec)
 
 
