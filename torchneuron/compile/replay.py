@@ -311,7 +311,7 @@ class Recording:
                                  for r in out_refs if isinstance(r, _Ref)])
         self.consts = [(i, r) for i, r in enumerate(out_refs) if not isinstance(r, _Ref)]
         # Inductor's compiled graphs return a flat list: no unflattening per call then
-        flat = out_spec.type in (list, tuple) and all(c.is_leaf() for c in out_spec.children_specs)
+        flat = out_spec.type in (list, tuple) and all(c.is_leaf() for c in out_spec.children())
         self.out_type = out_spec.type if flat else None
         self.out_spec = out_spec
         self.slots = None   # (the static tensors are kept by the replay)
