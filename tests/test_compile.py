@@ -241,7 +241,7 @@ def test_reduce_overhead_replays_with_fresh_outputs():
         _close(out, model(x), atol=1e-5)
     assert tnc.replay.stats["recordings"] == 1 and tnc.replay.stats["replays"] == 3, dict(tnc.replay.stats)
     ops = torchneuron.get_executed_ops()
-    replays = [k for k in ops if k.startswith("compiled::replay") and "setup" not in k]
+    replays = [k for k in ops if k.startswith("compiled::replay")]
     assert replays and sum(ops[k] for k in replays) == 3, ops
 
 
@@ -284,6 +284,41 @@ def test_reduce_overhead_falls_back_with_a_reason():
     for o in outs:   # still dropout: zeros and 2 / (1 - p)
         assert set(o.cpu().unique().tolist()) <= {0.0, 4.0}
     assert not torch.equal(outs[2].cpu(), outs[3].cpu())
+
+
+def test_replay_program_tensor_lists_copies_and_errors():
+    # the C++ replay program directly: a tensor-list argument mixing a
+    # per-call input and a static tensor, a new result copied into an output,
+    # an out= operator writing a static buffer; a failing step is named
+    from torchneuron import _C
+
+    a, b = torch.arange(6.).reshape(2, 3).to(DEV), torch.ones(2, 3, device=DEV)
+    buf = torch.empty(4, 3, device=DEV)
+
+    def ref(is_static, slot, t):
+        return is_static, slot, 0, list(t.shape), list(t.stride()), t.dtype
+
+    prog = _C._CompiledReplay("compiled::replay_test", 0, [buf, b], [([4, 3], [3, 1], torch.float32)])
+    prog.add_op("cat", "aten::cat", "", [[None, None]], {}, [(0, 0, ref(False, 0, a)), (0, 1, ref(True, 1, b))],
+                [(0, -1, ref(False, 1, buf))])
+    prog.add_op("cat_out", "aten::cat", "out", [[None, None]], {"out": None, "dim": 0},
+                [(0, 0, ref(False, 0, a)), (0, 1, ref(False, 0, a)), (2, -1, ref(True, 0, buf))], [])
+    assert len(prog) == 2
+    # results: the fresh output, and row 1 of the static buffer (a view at byte offset 12)
+    prog.set_results([(False, 1, 0, [], [], None), (True, 0, 12, [3], [1], torch.float32)])
+    out, row = prog.launch([a], [])
+    _close(out, torch.cat([a.cpu(), torch.ones(2, 3)]))
+    _close(buf, torch.cat([a.cpu(), a.cpu()]))
+    _close(row, a.cpu()[1])
+    with torch.neuron.stream(torch.neuron.Stream()):   # bound to the recorded stream
+        assert prog.launch([a], []) is None
+
+    torch.neuron.synchronize()
+    bad = _C._CompiledReplay("compiled::replay_bad", 0, [], [])
+    bad.add_op("mm", "aten::mm", "", [None, None], {}, [(0, -1, ref(False, 0, a)), (1, -1, ref(False, 0, a))], [])
+    bad.launch([a], [])
+    with pytest.raises(RuntimeError, match=r"compiled::replay_bad: step 0 \(mm\) failed: .*cannot be multiplied"):
+        torch.neuron.synchronize()
 
 
 def test_compiled_kernel_error_is_raised_not_a_crash():

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "allocator.h"
+#include "compiled_replay.h"
 #include "device_state.h"
 #include "generator.h"
 #include "fusion/elementwise_fusion.h"
@@ -110,4 +111,6 @@ PYBIND11_MODULE(_C, m) {
         py::arg("args"));
   m.def("_call_cpp_kernel", &call_cpp_kernel, py::arg("fn"), py::arg("args"),
         py::call_guard<py::gil_scoped_release>());
+  // mode="reduce-overhead" replays (torchneuron/compile/replay.py).
+  bind_compiled_replay(m);
 }

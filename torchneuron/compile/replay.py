@@ -13,9 +13,12 @@ step are two graphs) is wrapped in a :class:`ReplayGraph`:
    argument is written down as *where its memory lives*: a graph input, a
    buffer the graph allocated, or a tensor from outside (constants);
 3. replay: later calls queue one task ``compiled::replay<N>`` that runs the
-   recorded list on CPU aliases of device memory, kernels through their C
-   entry points with the GIL released. The host does no per-kernel work:
-   it allocates the outputs and queues the task.
+   recorded steps in C++ (csrc/bridge/compiled_replay.cpp): kernels through
+   their C entry points, ATen operators as boxed calls whose argument stacks
+   were built at recording, on CPU aliases of device memory. No Python and
+   no GIL on the executor thread (except for a kernel with float arguments,
+   called through its Python binding). The host does no per-kernel work: it
+   allocates the outputs and queues the task.
 
 Memory, as with CUDA graphs: intermediate buffers are allocated once at
 recording and reused by every replay (they stay reserved while the compiled
@@ -46,7 +49,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .. import _C
-from .._python_tasks import launch as python_task
 from . import launch as _launch
 
 WARMUP_CALLS = 1      # normal calls per signature before recording
@@ -97,32 +99,19 @@ class _Slot:
 
 
 class _Step:
-    """One recorded piece of device work: ``fn(*tree_unflatten(template))``
-    with the tensor arguments ``patches`` = [(position, ref)] filled in."""
-    __slots__ = ("kind", "fn", "spec", "template", "patches", "copies", "name", "key", "prepared")
+    """One recorded piece of device work. ``kind``: "cpp" (a C entry point:
+    ``fn`` its address, ``args`` its integer arguments), "binding" (the
+    Python binding ``fn`` of a kernel with float arguments: ``args`` its
+    arguments), "op" (an ATen operator ``fn`` called with ``args``/``kwargs``).
+    Tensor arguments are None in ``args``/``kwargs`` and written down in
+    ``refs`` = [(argument, list element or -1, ref)] (for kernels, the
+    argument position); ``copies`` = [(return, element or -1, ref)]: returns
+    of an operator that are new tensors, copied into the memory recorded for them."""
+    __slots__ = ("kind", "name", "fn", "args", "kwargs", "refs", "copies")
 
-    def __init__(self, kind, fn, spec, template, patches, copies=(), name=""):
-        # kind: "cpp" (C entry point, integer arguments), "binding" (the
-        # Python binding of a kernel), "op" (an ATen operator); copies:
-        # [(output position, ref)] for operators that return new tensors,
-        # copied into the memory recorded for them
-        self.kind, self.fn, self.spec, self.template = kind, fn, spec, template
-        self.patches, self.copies, self.name = patches, list(copies), name
-        # the arguments built for the previous replay, reused while the
-        # per-call tensors sit at the same addresses (parameters always do;
-        # outputs and activations often do, freed and reallocated in turn)
-        self.key, self.prepared = None, None
-
-    def prepare(self, dyn):
-        """(args, kwargs, copy targets) for an operator or binding step."""
-        flat = list(self.template)
-        for p, k, ref in self.patches:
-            flat[p] = _view(dyn[k], ref)
-        targets = [t if isinstance(t, torch.Tensor) else _view(dyn[t[0]], t[1]) for _, t in self.copies]
-        if self.kind == "binding":
-            return flat, {}, targets
-        a, kw = tree_unflatten(flat, self.spec)
-        return a, kw, targets
+    def __init__(self, kind, name, fn, args, kwargs=None, refs=(), copies=()):
+        self.kind, self.name, self.fn, self.args, self.kwargs = kind, name, fn, args, kwargs or {}
+        self.refs, self.copies = list(refs), list(copies)
 
 
 class Recorder(TorchDispatchMode):
@@ -176,19 +165,22 @@ class Recorder(TorchDispatchMode):
         same = (rel == 0 and t.dtype == base.dtype and t.shape == base.shape and t.stride() == base.stride())
         return _Ref(s, rel, None if same else (tuple(t.shape), tuple(t.stride()), t.dtype))
 
-    def _args(self, values, pointers: bool):
-        flat, spec = tree_flatten(values)
-        template, patches = [], []
-        for i, v in enumerate(flat):
-            ref = self._ref(v) if isinstance(v, torch.Tensor) else None
-            if ref is not None:
-                patches.append((i, ref))
-                template.append(None)
-            elif isinstance(v, torch.device) and v.type == "neuron":
-                template.append(torch.device("cpu"))   # factory operators run on host aliases
-            else:
-                template.append(v.data_ptr() if pointers and isinstance(v, torch.Tensor) else v)
-        return spec, template, patches
+    def _tensor_arg(self, v, refs, arg, elem):
+        """None in the recorded arguments for a tensor the replay fills in."""
+        ref = self._ref(v)
+        if ref is None:
+            return v   # a host scalar, kept as a constant
+        refs.append((arg, elem, ref))
+        return None
+
+    def _encode(self, arg, v, refs):
+        if isinstance(v, torch.Tensor):
+            return self._tensor_arg(v, refs, arg, -1)
+        if isinstance(v, (list, tuple)) and any(isinstance(e, torch.Tensor) for e in v):
+            return [self._tensor_arg(e, refs, arg, j) if isinstance(e, torch.Tensor) else e for j, e in enumerate(v)]
+        if isinstance(v, torch.device) and v.type == "neuron":
+            return torch.device("cpu")   # factory operators run on host aliases
+        return v
 
     # -- what the graph does ---------------------------------------------------------
 
@@ -200,10 +192,13 @@ class Recorder(TorchDispatchMode):
             if not any(isinstance(a, torch.Tensor) and a.device.type == "neuron" for a in args):
                 raise NotRecordable(f"kernel {name} runs on the host (no neuron tensors)")
             fn = _launch.entry_point(kernel)
-            cpp = bool(fn) and _launch.int_args(args) is not None
-            spec, template, patches = self._args(list(args), pointers=cpp)
-            self.steps.append(_Step("cpp" if cpp else "binding", fn if cpp else kernel, spec, template, patches,
-                                    name=name))
+            refs = []
+            template = [self._encode(i, a, refs) for i, a in enumerate(args)]
+            if fn and _launch.int_args(args) is not None:
+                self.steps.append(_Step("cpp", name, fn, [0 if a is None else int(a) for a in template],
+                                        refs=refs))
+            else:
+                self.steps.append(_Step("binding", name, kernel, template, refs=refs))
         except NotRecordable as e:
             self.fail(str(e))
 
@@ -236,21 +231,25 @@ class Recorder(TorchDispatchMode):
         if torch.Tag.dynamic_output_shape in tags or torch.Tag.data_dependent_output in tags \
                 or func.overloadpacket in _HOST_STATE_OPS:
             raise NotRecordable(f"data-dependent or host-side operator {func.name()}")
-        flat_out = tree_flatten(out)[0]
-        tensors = [t for t in tree_flatten((args, kwargs))[0] + flat_out if isinstance(t, torch.Tensor)]
+        tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
         if not any(t.device.type == "neuron" for t in tensors):
             raise NotRecordable(f"host operator {func.name()} inside the graph")
-        spec, template, patches = self._args((args, kwargs), pointers=False)
+        refs = []
+        names = [a.name for a in func._schema.arguments]
+        enc_args = [self._encode(i, a, refs) for i, a in enumerate(args)]
+        enc_kwargs = {k: self._encode(names.index(k), v, refs) for k, v in kwargs.items()}
+        rets = out if len(func._schema.returns) > 1 else (out,)
         copies = []
-        for j, o in enumerate(flat_out):
-            if isinstance(o, torch.Tensor):
-                if o.device.type != "neuron":
-                    raise NotRecordable(f"{func.name()} returns a tensor on {o.device}")
-                if o.untyped_storage().data_ptr() not in self.by_storage:   # a new tensor: keep its memory
-                    copies.append((j, _Ref(self._add("buffer", o), 0, None)))
-            elif o is not None:
-                raise NotRecordable(f"{func.name()} returns a host value")
-        self.steps.append(_Step("op", func, spec, template, patches, copies, name=func.name()))
+        for r, v in enumerate(rets):
+            for j, o in ([(-1, v)] if not isinstance(v, (list, tuple)) else enumerate(v)):
+                if isinstance(o, torch.Tensor):
+                    if o.device.type != "neuron":
+                        raise NotRecordable(f"{func.name()} returns a tensor on {o.device}")
+                    if o.untyped_storage().data_ptr() not in self.by_storage:   # a new tensor: keep its memory
+                        copies.append((r, j, _Ref(self._add("buffer", o), 0, None)))
+                elif o is not None:
+                    raise NotRecordable(f"{func.name()} returns a host value")
+        self.steps.append(_Step("op", func.name(), func, enc_args, enc_kwargs, refs, copies))
 
     def finish(self, outs, name: str) -> "Recording":
         flat, spec = tree_flatten(outs)
@@ -272,114 +271,88 @@ class Recorder(TorchDispatchMode):
 
 
 class Recording:
-    """The recorded device work of one graph signature, replayed as one task."""
+    """The recorded device work of one graph signature, replayed as one task
+    (a ``torchneuron._C._CompiledReplay``, csrc/bridge/compiled_replay.cpp)."""
 
     def __init__(self, rec: Recorder, out_spec, out_refs, name: str):
         self.name = name
         slots = rec.slots
-        # Dynamic slots change per call and reach the task as its tensors
-        # (neuron inputs, fresh outputs) or through the closure (CPU inputs);
-        # static ones (buffers, externals) are held here, their host aliases
-        # bound once by a set-up task.
+        # Dynamic slots change per call and reach the task with it (neuron
+        # inputs, fresh outputs, CPU inputs, in this order); static ones
+        # (buffers, externals) are owned by the replay for its lifetime.
         dyn = [i for kind in ("input", "output", "cpu_input") for i, s in enumerate(slots) if s.kind == kind]
         static = [i for i, s in enumerate(slots) if s.kind in ("buffer", "external")]
-        self.pos = {s: ("dyn", k) for k, s in enumerate(dyn)}
-        self.pos.update({s: ("static", k) for k, s in enumerate(static)})
+        self.slots = slots
+        self.pos = {s: (False, k) for k, s in enumerate(dyn)}
+        self.pos.update({s: (True, k) for k, s in enumerate(static)})
         self.input_idx = [slots[s].index for s in dyn if slots[s].kind == "input"]
         self.cpu_idx = [slots[s].index for s in dyn if slots[s].kind == "cpu_input"]
-        self.out_geoms = [(tuple(slots[s].tensor.shape), tuple(slots[s].tensor.stride()), slots[s].tensor.dtype)
-                          for s in dyn if slots[s].kind == "output"]
-        self.static = [slots[s].tensor for s in static]
+        out_geoms = [(list(slots[s].tensor.shape), list(slots[s].tensor.stride()), slots[s].tensor.dtype)
+                     for s in dyn if slots[s].kind == "output"]
         self.shared_inputs = rec.shared_inputs
         first = next(t for t in [slots[s].tensor for s in dyn + static] if t.device.type == "neuron")
         self.device = first.device
-        self.stream = torch.neuron.current_stream(self.device)
-        self.steps = rec.steps
-        for step in self.steps:
-            step.patches = [(p, self._where(r)) for p, r in step.patches]
-            step.copies = [(j, self._where(r)) for j, r in step.copies]
+        # (bound to the current stream, the one recorded on: calls on others run normally)
+        self.native = _C._CompiledReplay(f"compiled::replay{name}", self.device.index,
+                                         [slots[s].tensor for s in static], out_geoms)
+        for step in rec.steps:
+            refs = [(a, e, self._where(r)) for a, e, r in step.refs]
+            if step.kind == "cpp":
+                self.native.add_kernel(step.name, step.fn, step.args, [(a, r) for a, _, r in refs])
+            elif step.kind == "op":
+                op, _, overload = step.fn.name().partition(".")
+                self.native.add_op(step.name, op, overload, step.args, step.kwargs, refs,
+                                   [(j, e, self._where(r)) for j, e, r in step.copies])
+            else:
+                self.native.add_python(step.name, functools.partial(_call_binding, step.fn, step.args, refs))
+        # What the graph returns: tensors come from the C++ launch; other
+        # values (rare: a constant) are kept here and merged in per call.
+        self.native.set_results([self._where(r) if r.geom is not None else self.pos[r.slot] + (0, [], [], None)
+                                 for r in out_refs if isinstance(r, _Ref)])
+        self.consts = [(i, r) for i, r in enumerate(out_refs) if not isinstance(r, _Ref)]
+        # Inductor's compiled graphs return a flat list: no unflattening per call then
+        flat = out_spec.type in (list, tuple) and all(c.is_leaf() for c in out_spec.children())
+        self.out_type = out_spec.type if flat else None
         self.out_spec = out_spec
-        self.outs = [self._where(r) if isinstance(r, _Ref) else r for r in out_refs]
-        # Bind the static slots' host aliases before the first replay (same stream: in order).
-        if self.static:
-            python_task(f"compiled::replay_setup{name}", self.static, self._bind_static)
-        else:
-            self._bind_static([])
+        self.slots = None   # (the static tensors are kept by the replay)
 
     def _where(self, ref: _Ref):
-        kind, k = self.pos[ref.slot]
-        return kind == "static", k, ref
-
-    def _bind_static(self, hosts) -> None:
-        """Resolves every static argument once (a pointer or a CPU alias)."""
-        for step in self.steps:
-            dyn_patches = []
-            for p, (static, k, ref) in step.patches:
-                if static:
-                    view = _view(hosts[k], ref)
-                    step.template[p] = view.data_ptr() if step.kind == "cpp" else view
-                else:
-                    dyn_patches.append((p, k, ref))
-            step.patches = dyn_patches
-            step.copies = [(j, (_view(hosts[k], ref) if static else (k, ref))) for j, (static, k, ref) in step.copies]
+        """The C++ form of a reference: (is_static, slot, rel, sizes, strides, dtype)."""
+        is_static, k = self.pos[ref.slot]
+        if ref.geom is None:
+            t = self.slots[ref.slot].tensor
+            return is_static, k, ref.rel, list(t.shape), list(t.stride()), t.dtype
+        size, stride, dtype = ref.geom
+        return is_static, k, ref.rel, list(size), list(stride), dtype
 
     # -- a call ----------------------------------------------------------------------
 
     def replay(self, args: list) -> Any:
-        """Queues the replay; returns the outputs, or None if this call must run normally."""
-        if torch.neuron.current_stream(self.device) != self.stream:
-            return None
+        """Queues the replay; returns the outputs, or None if this call must run normally
+        (another stream than the recorded one, inputs that no longer share memory as recorded)."""
         for i, j in self.shared_inputs:
             if args[i].untyped_storage().data_ptr() != args[j].untyped_storage().data_ptr():
                 return None
-        tensors = [args[i] for i in self.input_idx]
-        dev = self.device
-        tensors += [torch.empty_strided(size, stride, dtype=dtype, device=dev) for size, stride, dtype in self.out_geoms]
-        cpu = [args[i] for i in self.cpu_idx]
-        # (no neuron inputs or outputs, e.g. a graph that only mutates: the
-        # task still needs a tensor to name its device)
-        python_task(f"compiled::replay{self.name}", tensors or self.static[:1],
-                    functools.partial(self._run, cpu, len(tensors)))
-        outs = []
-        for r in self.outs:
-            if isinstance(r, tuple):
-                static, k, ref = r
-                t = self.static[k] if static else tensors[k]
-                if ref.geom is not None:
-                    size, stride, dtype = ref.geom
-                    if dtype != t.dtype:
-                        t = t.view(dtype)
-                    t = t.as_strided(size, stride, t.storage_offset() + ref.rel // t.element_size())
-                outs.append(t)
-            else:
-                outs.append(r)
+        outs = self.native.launch([args[i] for i in self.input_idx], [args[i] for i in self.cpu_idx])
+        if outs is None:
+            return None
         args.clear()
+        for i, v in self.consts:
+            outs.insert(i, v)
+        if self.out_type is list:
+            return outs
+        if self.out_type is tuple:
+            return tuple(outs)
         return tree_unflatten(outs, self.out_spec)
 
-    def _run(self, cpu, n, hosts) -> None:
-        """The replay task: every recorded step, in order."""
-        dyn = list(hosts[:n]) + cpu
-        ptrs = [t.data_ptr() for t in dyn]
-        call_cpp = _C._call_cpp_kernel
-        for step in self.steps:
-            if step.kind == "cpp":
-                flat = step.template
-                if step.patches:
-                    flat = list(flat)
-                    for p, k, ref in step.patches:
-                        flat[p] = ptrs[k] + ref.rel
-                call_cpp(step.fn, flat)   # releases the GIL while the kernel runs
-                continue
-            key = tuple(ptrs[k] for _, k, _ in step.patches) + \
-                tuple(ptrs[t[0]] for _, t in step.copies if isinstance(t, tuple))
-            if key != step.key:
-                step.key, step.prepared = key, step.prepare(dyn)
-            a, kw, targets = step.prepared
-            out = step.fn(*a, **kw)
-            if targets:
-                flat_out = tree_flatten(out)[0]
-                for (j, _), target in zip(step.copies, targets):
-                    target.copy_(flat_out[j])
+
+def _call_binding(kernel, template, refs, dyn, static) -> None:
+    """A kernel step through its Python binding (float arguments), on host aliases."""
+    call = list(template)
+    for pos, _, (is_static, k, rel, size, stride, dtype) in refs:
+        base = static[k] if is_static else dyn[k]
+        call[pos] = _view(base, _Ref(k, rel, (size, stride, dtype)))
+    kernel(*call)
 
 
 class ReplayGraph:
