@@ -111,3 +111,18 @@ def test_launch_blocking_makes_each_op_synchronous():
     )
     assert "done True" in r.stdout, r.stderr
     assert "raised at launch: True" in r.stdout, r.stderr
+
+
+def test_multi_output_op_whose_meta_kernel_disagrees_queues_after_one_synchronous_call():
+    # Batch norm in eval mode: the meta function promises saved statistics the
+    # CPU kernel returns empty. The first call per argument pattern runs
+    # synchronously and records what the CPU kernel did; later ones queue.
+    from torchneuron import _python_tasks
+
+    bn = torch.nn.BatchNorm2d(8).to("neuron").eval()
+    x = torch.randn(4, 8, 16, 16, device="neuron")
+    bn(x)
+    _python_tasks.launch("sleep", [x], lambda _: time.sleep(0.5))
+    y = bn(x)
+    assert not torch.neuron.current_stream().query()  # bn did not wait for the sleeping task
+    torch.testing.assert_close(y.cpu(), bn.cpu()(x.cpu()), rtol=0, atol=0)

@@ -277,13 +277,15 @@ c10::IValue task_arg(const c10::IValue& a, size_t i, const OpTraits& traits, c10
 enum class MetaFailure { None, NoMetaKernel, DataDependent, Other };
 
 MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::ArrayRef<c10::IValue> args,
-                     torch::jit::Stack& meta, std::vector<at::Tensor>& meta_written) {
+                     torch::jit::Stack& meta, std::vector<at::Tensor>& meta_written, bool& observed) {
   MetaSignature sig;
   const bool cacheable = meta_signature(op, args, traits.generators, sig);
+  observed = false;
   if (cacheable) {
     if (auto hit = meta_cache_find(sig)) {
       meta.assign(hit->returns.begin(), hit->returns.end());
       meta_written = hit->written;
+      observed = hit->observed;
       return MetaFailure::None;
     }
   }
@@ -492,9 +494,10 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (traits.tensor_returns && !traits.data_dependent && !traits.no_meta) {
     torch::jit::Stack meta;
     std::vector<at::Tensor> meta_written;
-    failure = run_meta(op, traits, args, meta, meta_written);
+    bool observed;
+    failure = run_meta(op, traits, args, meta, meta_written, observed);
     if (failure == MetaFailure::None) {
-      if (!traits.verify_meta) {
+      if (!traits.verify_meta || observed) {
         record_execution(schema.operator_name(), Execution::Queued);
         return run_queued(op, traits, stack, device, meta, meta_written);
       }
@@ -508,13 +511,26 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         record_execution(schema.operator_name(), Execution::Queued);
         return run_queued(op, traits, stack, device, meta, meta_written);
       }
-      // Unverified or known to disagree: the CPU kernel decides the metadata.
+      // Unverified or known to disagree: the CPU kernel decides the metadata,
+      // and where the meta kernel got it wrong, what the CPU kernel did
+      // becomes the meta result for these exact arguments, so the next such
+      // call queues (batch norm in eval mode returns empty statistics).
+      MetaSignature full;  // before the call: it may change its arguments' metadata
+      const bool keyed = meta_signature(op, args, traits.generators, full);
       run_synchronously(op, traits, stack, device);
+      const size_t r = schema.returns().size();
+      const bool ok = results_match_meta(traits, torch::jit::last(*stack, r), torch::jit::last(meta, r));
       if (!agrees) {
-        const size_t r = schema.returns().size();
-        bool ok = results_match_meta(traits, torch::jit::last(*stack, r), torch::jit::last(meta, r));
         std::lock_guard<std::mutex> lock(traits.verdict_mu);
         traits.meta_agrees[sig] = ok;
+      }
+      if (!ok && keyed) {
+        MetaResult seen{{}, meta_written, true};
+        for (size_t i = 0; i < r; ++i)
+          seen.returns.push_back(traits.source[i] >= 0 ? meta[i] : map_tensors((*stack)[stack->size() - r + i], [](const at::Tensor& t) {
+            return meta_alias(t);
+          }));
+        meta_cache_insert(std::move(full), std::move(seen));
       }
       record_execution(schema.operator_name(), Execution::Synchronizing);
       return;

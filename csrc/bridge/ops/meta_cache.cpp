@@ -112,7 +112,7 @@ void meta_cache_insert(MetaSignature sig, MetaResult result) {
   auto& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   if (c.entries.size() >= kCapacity) c.entries.clear();
-  c.entries.emplace(std::move(sig), std::make_shared<const MetaResult>(std::move(result)));
+  c.entries.insert_or_assign(std::move(sig), std::make_shared<const MetaResult>(std::move(result)));
 }
 
 } // namespace torchneuron

@@ -23,6 +23,7 @@ struct MetaSignature {
 struct MetaResult {
   std::vector<c10::IValue> returns;   // meta tensors (or lists of them)
   std::vector<at::Tensor> written;    // written arguments after the call
+  bool observed = false;              // taken from the CPU kernel's own results (its meta kernel disagrees)
 };
 
 // False if an argument's kind cannot be keyed (then the call is not cached).
@@ -30,6 +31,6 @@ struct MetaResult {
 bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                     const std::vector<size_t>& skip, MetaSignature& out);
 std::shared_ptr<const MetaResult> meta_cache_find(const MetaSignature& sig);
-void meta_cache_insert(MetaSignature sig, MetaResult result);
+void meta_cache_insert(MetaSignature sig, MetaResult result);  // replaces an entry for `sig`
 
 } // namespace torchneuron
