@@ -11,7 +11,18 @@ import torch
 
 import torchneuron
 
-N = 256  # programs work on N x N tensors: large enough to fuse
+N = 256  # programs work on N x N tensors, made large enough to fuse below
+
+
+@pytest.fixture(autouse=True, scope="module")
+def small_tensors_fuse():
+    """By default only tensors of 1M elements and more fuse (smaller ones stay
+    in cache anyway); the logic is the same from 32K elements, which keeps
+    thousands of programs fast."""
+    default = torchneuron._C._min_fusable_numel()
+    torchneuron._C._set_min_fusable_numel(1 << 15)
+    yield
+    torchneuron._C._set_min_fusable_numel(default)
 
 
 @pytest.fixture

@@ -105,6 +105,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fused_groups", &fused_groups);
   m.def("_elided_intermediates", &elided_intermediates);
   m.def("_set_adaptive_eager", &set_adaptive_eager);
+  m.def("_set_min_fusable_numel", &set_min_fusable_numel);
+  m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
   // Generated C++ kernels of torch.compile (torchneuron/compile/launch.py).
   m.def("_launch_cpp_kernel", &launch_cpp_kernel, py::arg("fn"), py::arg("name"), py::arg("device"),

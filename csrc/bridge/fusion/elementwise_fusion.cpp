@@ -15,6 +15,7 @@
 
 #include "../op_tracking.h"
 #include "../ops/aliases.h"
+#include "../ops/result_placement.h"
 
 namespace torchneuron {
 namespace {
@@ -178,11 +179,22 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
       for (const Slice& s : p.slices) s.at(row, lo, len);
       torch::jit::Stack stack(p.args.begin(), p.args.end());
       try {
-        members[m].call.op.callBoxed(&stack);
-        for (size_t k = 0; k < p.result_slices.size(); ++k) {
-          p.result_slices[k].at(row, lo, len);
-          p.result_slices[k].alias.copy_(stack[k].toTensor());
+        if (p.result_slices.empty()) {
+          members[m].call.op.callBoxed(&stack);
+          continue;
         }
+        // A functional member computes straight into its piece of the result
+        // (or of its scratch), as unfused ones do (result_placement.h).
+        std::vector<c10::IValue> into;
+        for (Slice& s : p.result_slices) {
+          s.at(row, lo, len);
+          into.emplace_back(s.alias);
+        }
+        {
+          PlaceResults placing(into, /*enabled=*/true);
+          members[m].call.op.callBoxed(&stack);
+        }
+        settle_results(stack, into);
       } catch (const std::exception& e) {
         throw std::runtime_error("in fused member " + members[m].call.name + ": " + e.what());
       }
@@ -341,7 +353,7 @@ bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::
     (u.written ? writes : operands).push_back(o);
   }
   operands.insert(operands.end(), writes.begin(), writes.end());
-  if (numel < kMinFusableNumel) return false;
+  if (numel < min_fusable_numel()) return false;
   if (rowwise) call.args[rowwise_ops().at(call.name)] = std::move(dims);  // pieces are [rows, row]
   return true;
 }
@@ -374,6 +386,13 @@ FusedGroup* group_of(runtime::Task& task) {
 }
 
 } // namespace
+
+namespace {
+std::atomic<int64_t> min_numel{1 << 20};
+} // namespace
+
+int64_t min_fusable_numel() { return min_numel.load(std::memory_order_relaxed); }
+void set_min_fusable_numel(int64_t numel) { min_numel.store(std::max<int64_t>(numel, 1 << 15)); }
 
 bool adaptive_eager_enabled() {
   return enabled_flag().load(std::memory_order_relaxed) && !at::globalContext().deterministicAlgorithms();

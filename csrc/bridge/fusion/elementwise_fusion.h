@@ -38,8 +38,12 @@ struct ElementwiseCall {
   std::string name;                // the operator the user called
 };
 
-// Smaller work gains nothing from fusing; callers skip building a call below it.
-constexpr int64_t kMinFusableNumel = 1 << 15;
+// Work smaller than this many elements gains nothing from fusing (its
+// intermediates stay in cache anyway, and the pieces cost calls): callers skip
+// building a call below it. 1M elements by default; tests lower it to reach
+// the fusion logic with small tensors.
+int64_t min_fusable_numel();
+void set_min_fusable_numel(int64_t numel);
 
 // On unless TORCHNEURON_ADAPTIVE_EAGER=0 or torch.use_deterministic_algorithms(True).
 bool adaptive_eager_enabled();

@@ -351,7 +351,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   TaskValues outputs, task_args;
   task_args.values.reserve(n);
   bool large = false;  // worth fusing
-  auto note = [&](const c10::IValue& v) { large |= v.isTensor() && v.toTensor().numel() >= kMinFusableNumel; };
+  const int64_t fusable = min_fusable_numel();
+  auto note = [&](const c10::IValue& v) { large |= v.isTensor() && v.toTensor().numel() >= fusable; };
   for (size_t i = 0; i < r; ++i) {
     if (traits.source[i] >= 0) {
       results[i] = args[traits.source[i]];

@@ -88,7 +88,7 @@ PlaceResults::PlaceResults(const std::vector<c10::IValue>& outputs, bool enabled
   std::vector<at::Tensor> ts;
   for (const auto& o : outputs) collect(o, ts);
   for (const at::Tensor& t : ts)
-    if (t.defined() && t.numel() > 0 && t.is_contiguous() && t.storage_offset() == 0)
+    if (t.defined() && t.numel() > 0 && t.is_contiguous())
       targets.push_back({t.data_ptr(), t.nbytes()});
   tls_targets = &targets;
 }
