@@ -56,33 +56,8 @@ def matmul_kernel(lhsT, rhs):
     return result
 
 
-@nki.jit
-def attention_kernel(q, k, v):
-    """Causal softmax(Q K^T / sqrt(d)) V per head; (heads, seq, d), seq a multiple of 128."""
-    heads, seq, d = q.shape
-    out = nl.ndarray((heads, seq, d), dtype=q.dtype, buffer=nl.shared_hbm)
-    scale = 1.0 / float(np.sqrt(d))
-    for h in nl.affine_range(heads):
-        k_t = nl.load_transpose2d(k[h])                                     # (d, seq)
-        v_blocks = [nl.load(v[h, j * 128:(j + 1) * 128, :]) for j in range(seq // 128)]
-        for i in nl.affine_range(seq // 128):
-            q_t = nl.load_transpose2d(q[h, i * 128:(i + 1) * 128, :])       # (d, 128)
-            scores = nisa.nc_matmul(stationary=q_t, moving=k_t)             # (128, seq) fp32
-            row = nl.arange(128)[:, None]
-            col = nl.arange(seq)[None, :]
-            masked = nisa.affine_select(pred=(i * 128 + row - col >= 0), on_true_tile=scores,
-                                        on_false_value=-3.0e38, dtype=nl.float32)
-            neg_max = nisa.tensor_reduce(op=np.max, data=masked, axis=1, negate=True, keepdims=True)
-            denom = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-            p = nisa.activation(op=nl.exp, data=masked, scale=scale, bias=neg_max * scale,
-                                reduce_op=np.add, reduce_res=denom, dtype=nl.bfloat16)
-            acc = nl.zeros((128, d), dtype=nl.float32, buffer=nl.psum)
-            for j in nl.affine_range(i + 1):
-                p_t = nisa.tensor_copy(nisa.nc_transpose(p[:, j * 128:(j + 1) * 128]), dtype=nl.bfloat16)
-                acc += nisa.nc_matmul(stationary=p_t, moving=v_blocks[j])
-            o = nisa.tensor_scalar(data=acc, op0=np.divide, operand0=denom, dtype=q.dtype)
-            nl.store(out[h, i * 128:(i + 1) * 128, :], value=o)
-    return out
+# The fused causal attention of examples/nki_attention.py (on sys.path via .common).
+from nki_attention import causal_attention as attention_kernel  # noqa: E402
 
 
 # -- the same kernels as plain NumPy loop nests ----------------------------------------

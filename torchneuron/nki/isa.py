@@ -473,6 +473,12 @@ def bn_stats(*args, **kwargs):
     if v.shape[1] > TileSize.bn_stats_fmax:
         raise NKILimitError("nl.tile_size.bn_stats_fmax", v.shape[1], TileSize.bn_stats_fmax,
                             "bn_stats input free size")
+    return _emit(dst, bn_stats_of(v), kw.get("dtype") or d, name="bn_stats")
+
+
+def bn_stats_of(v: np.ndarray) -> np.ndarray:
+    """(count, mean, var*count) of the even and of the odd elements of each row
+    of a 2-D array: what bn_stats computes (shared with trace lowering)."""
     out = np.zeros((v.shape[0], 6), dtype=F32)
     for j, part in enumerate((v[:, 0::2], v[:, 1::2])):
         n = part.shape[1]
@@ -481,7 +487,7 @@ def bn_stats(*args, **kwargs):
             m = part.mean(axis=1, dtype=F32)
             out[:, 3 * j + 1] = m
             out[:, 3 * j + 2] = ((part - m[:, None]) ** 2).sum(axis=1, dtype=F32)
-    return _emit(dst, out, kw.get("dtype") or d, name="bn_stats")
+    return out
 
 
 def bn_aggr(*args, **kwargs):
@@ -491,14 +497,18 @@ def bn_aggr(*args, **kwargs):
     v = v.reshape(v.shape[0], -1)
     if v.shape[1] % 3:
         raise NKITypeError("nisa.bn_aggr input must hold (count, mean, var*count) triples")
+    return _emit(dst, bn_aggr_of(v), kw.get("dtype") or d, name="bn_aggr")
+
+
+def bn_aggr_of(v: np.ndarray) -> np.ndarray:
+    """(mean, variance) per row from rows of bn_stats triples (shared with trace lowering)."""
     t = v.reshape(v.shape[0], -1, 3).astype(np.float64)
     cnt, mean_i, m2 = t[..., 0], t[..., 1], t[..., 2]
     n = cnt.sum(axis=1)
     safe = np.where(n > 0, n, 1)
     mean = (cnt * mean_i).sum(axis=1) / safe
     var = (m2 + cnt * (mean_i - mean[:, None]) ** 2).sum(axis=1) / safe
-    out = np.stack([mean, var], axis=1).astype(F32)
-    return _emit(dst, out, kw.get("dtype") or d, name="bn_aggr")
+    return np.stack([mean, var], axis=1).astype(F32)
 
 
 # -------------------------------------------------------------------- DMA

@@ -1088,16 +1088,7 @@ def _bn_stats(lw, step):
 
     def op(V, X, L):
         v = g(V, X)
-        v = v.reshape(v.shape[0], -1)
-        out = np.zeros((v.shape[0], 6), dtype=F32)
-        for j, part in enumerate((v[:, 0::2], v[:, 1::2])):
-            n = part.shape[1]
-            out[:, 3 * j] = n
-            if n:
-                m = part.mean(axis=1, dtype=F32)
-                out[:, 3 * j + 1] = m
-                out[:, 3 * j + 2] = ((part - m[:, None]) ** 2).sum(axis=1, dtype=F32)
-        put(V, X, out)
+        put(V, X, _isa.bn_stats_of(v.reshape(v.shape[0], -1)))
     return op
 
 
@@ -1109,14 +1100,7 @@ def _bn_aggr(lw, step):
 
     def op(V, X, L):
         v = g(V, X)
-        v = v.reshape(v.shape[0], -1)
-        t = v.reshape(v.shape[0], -1, 3).astype(np.float64)
-        cnt, mean_i, m2 = t[..., 0], t[..., 1], t[..., 2]
-        n = cnt.sum(axis=1)
-        safe = np.where(n > 0, n, 1)
-        mean = (cnt * mean_i).sum(axis=1) / safe
-        var = (m2 + cnt * (mean_i - mean[:, None]) ** 2).sum(axis=1) / safe
-        put(V, X, np.stack([mean, var], axis=1).astype(F32))
+        put(V, X, _isa.bn_aggr_of(v.reshape(v.shape[0], -1)))
     return op
 
 
