@@ -75,6 +75,7 @@ bool places_results(const std::string& op_name) {
       "aten::native_group_norm_backward", "aten::native_batch_norm", "aten::native_batch_norm_backward",
       "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_no_training",
       "aten::embedding_dense_backward", "aten::_embedding_bag", "aten::_embedding_bag_dense_backward",
+      "aten::index_select", "aten::_log_softmax_backward_data",
       "aten::_scaled_dot_product_flash_attention_for_cpu",
       "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
   return ops.count(op_name) > 0;
