@@ -54,12 +54,17 @@ def _cases(cfg: Config) -> dict:
         idx = torch.randint(vocab, (tokens,), generator=torch.Generator().manual_seed(2)).to(d)
         return lambda: F.embedding(idx, w)
 
-    def chain(k):
-        """k element-wise ops in a row: what adaptive eager fuses on neuron."""
+    def chain(k, arithmetic=False):
+        """k element-wise ops in a row: what adaptive eager fuses on neuron.
+        With sigmoid and tanh the chain is compute-bound on two cores; the
+        arithmetic one (no transcendental functions) is bandwidth-bound."""
         def make(d):
             a, b = data(n, device=d), data(n, device=d, seed=1)
             steps = [lambda t: t * 1.5, torch.relu, lambda t: t + b, torch.sigmoid,
                      lambda t: t - 0.25, torch.tanh, lambda t: t * b, torch.neg][:k]
+            if arithmetic:
+                steps = [lambda t: t * 1.5, torch.relu, lambda t: t + b, lambda t: t.clamp(-2, 2),
+                         lambda t: t - 0.25, torch.abs, lambda t: t * b, torch.neg][:k]
 
             def run():
                 t = a
@@ -72,6 +77,7 @@ def _cases(cfg: Config) -> dict:
     cases = {f"add_{n // 2**20}M" if n >= 2**20 else f"add_{n}": (add, {"bytes": 3 * F32 * n})}
     for k in (4, 8):  # bytes: what a fully fused pass must move (two inputs, one output)
         cases[f"elementwise_chain{k}"] = (chain(k), {"bytes": 3 * F32 * n})
+        cases[f"elementwise_chain{k}_arithmetic"] = (chain(k, arithmetic=True), {"bytes": 3 * F32 * n})
     for k in mm_sizes:
         cases[f"matmul_{k}"] = (mm(k), {"flops": 2 * k**3})
     cases["conv2d_resnet_layer2"] = (conv, {"flops": 2 * conv_b * 128 * conv_hw**2 * 128 * 9})
@@ -81,7 +87,7 @@ def _cases(cfg: Config) -> dict:
     return cases
 
 
-STEPS = 7
+STEPS = 11  # cases in _cases
 
 
 def run(cfg: Config, bar, limits: dict) -> dict:
