@@ -1080,28 +1080,22 @@ def _scalar_tensor_tensor(lw, step):
     return op
 
 
-@lowering(_isa.bn_stats)
-def _bn_stats(lw, step):
-    dst, kw = _style(step, [("data", "T")])
-    g, _, _ = lw.value(kw["data"])
-    put = _emit(lw, step, dst)
+def _per_row(fn):
+    """The lowering of an instruction that maps each row of its (2-D) data."""
+    def lower(lw, step):
+        dst, kw = _style(step, [("data", "T")])
+        g, _, _ = lw.value(kw["data"])
+        put = _emit(lw, step, dst)
 
-    def op(V, X, L):
-        v = g(V, X)
-        put(V, X, _isa.bn_stats_of(v.reshape(v.shape[0], -1)))
-    return op
+        def op(V, X, L):
+            v = g(V, X)
+            put(V, X, fn(v.reshape(v.shape[0], -1)))
+        return op
+    return lower
 
 
-@lowering(_isa.bn_aggr)
-def _bn_aggr(lw, step):
-    dst, kw = _style(step, [("data", "T")])
-    g, _, _ = lw.value(kw["data"])
-    put = _emit(lw, step, dst)
-
-    def op(V, X, L):
-        v = g(V, X)
-        put(V, X, _isa.bn_aggr_of(v.reshape(v.shape[0], -1)))
-    return op
+lowering(_isa.bn_stats)(_per_row(_isa.bn_stats_of))
+lowering(_isa.bn_aggr)(_per_row(_isa.bn_aggr_of))
 
 
 # ----------------------------------------------------------------- driver
