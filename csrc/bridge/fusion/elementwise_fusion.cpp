@@ -2,15 +2,15 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
-#include <ATen/TensorIterator.h>
+#include <ATen/TensorIterator.h>  // GRAIN_SIZE: the split unfused kernels use
 #include <ATen/ops/empty.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
-
 #include <c10/util/accumulate.h>
 
 #include <atomic>
-#include <optional>
 #include <cstdlib>
+#include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "../op_tracking.h"
