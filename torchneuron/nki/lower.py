@@ -590,14 +590,8 @@ def _lower_load_t(lw, step):
     return _load(lw, step, True)
 
 
-@lowering(_nl.store)
-def _store(lw, step):
-    a = _bound(_raw(_nl.store), step)
-    _no_mask(a)
-    dst, value = a["dst"], a["value"]
-    if (not isinstance(dst, View) or lw.on_chip(dst) or not isinstance(value, View) or not lw.on_chip(value)
-            or value.mask is not None):
-        raise Decline("store operands")
+def _copy_op(lw, value, dst):
+    """The step writing `value`'s elements into `dst` (a store or an assignment)."""
     s = value.slot
     if value.kind == _WHOLE and lw.exact.get(s):
         get = lambda V, X: X[s]  # noqa: E731
@@ -611,6 +605,17 @@ def _store(lw, step):
     return op
 
 
+@lowering(_nl.store)
+def _store(lw, step):
+    a = _bound(_raw(_nl.store), step)
+    _no_mask(a)
+    dst, value = a["dst"], a["value"]
+    if (not isinstance(dst, View) or lw.on_chip(dst) or not isinstance(value, View) or not lw.on_chip(value)
+            or value.mask is not None):
+        raise Decline("store operands")
+    return _copy_op(lw, value, dst)
+
+
 @lowering(_assign_op)
 def _assign(lw, step):
     if step.kwargs or len(step.args) != 2:
@@ -621,17 +626,7 @@ def _assign(lw, step):
         raise Decline("assign operands")
     if lw.on_chip(value) != lw.on_chip(target):
         raise Decline("assign across memories")
-    s = value.slot
-    if value.kind == _WHOLE and lw.exact.get(s):
-        get = lambda V, X: X[s]  # noqa: E731
-    else:
-        rg = lw.raw(value)
-        get = lambda V, X: rg(V)  # noqa: E731
-    w = lw.writer(target)
-
-    def op(V, X, L):
-        w(V, get(V, X))
-    return op
+    return _copy_op(lw, value, target)
 
 
 # ------------------------------------------------------------ arithmetic
