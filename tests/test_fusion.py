@@ -42,7 +42,9 @@ UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.neg, torch.abs, torch.nn.f
          torch.nn.functional.silu, torch.square, lambda x: torch.exp(x.clamp(-5, 5)), lambda x: torch.sqrt(x.abs())]
 BINARY = [torch.add, torch.sub, torch.mul, lambda a, b: a / (b.abs() + 1), torch.maximum, torch.minimum,
           lambda a, b: torch.where(a > b, a, b), lambda a, b: a.lerp(b, 0.3)]
-SCALAR = [lambda x: x + 0.5, lambda x: x * 1.5, lambda x: 2.0 - x, lambda x: x.clamp(-1, 1)]
+SCALAR = [lambda x: x + 0.5, lambda x: x * 1.5, lambda x: 2.0 - x, lambda x: x.clamp(-1, 1), lambda x: x / 3.0,
+          lambda x: x - 0.25, lambda x: x.clamp_min(0.1), lambda x: x.clamp(max=0.2), lambda x: torch.add(x, 1, alpha=3)]
+CAST = [lambda x: x.to(torch.bfloat16).to(x.dtype), lambda x: (x.double() * 3).to(x.dtype), lambda x: x.half().to(x.dtype)]
 F = torch.nn.functional
 ROW_WISE = [lambda x: torch.softmax(x, -1), lambda x: F.log_softmax(x, dim=-1), lambda x: F.layer_norm(x, x.shape[-1:]),
             lambda x: x - x.mean(-1, keepdim=True), lambda x: x / (x.abs().sum(-1, keepdim=True) + 1),
@@ -53,11 +55,12 @@ IN_PLACE = [lambda x, y: x.add_(y), lambda x, y: x.mul_(0.9), lambda x, y: x.add
 
 def _program(seed):
     rng = random.Random(seed)
-    dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16])
+    dtype = rng.choice([torch.float32, torch.float32, torch.float64, torch.bfloat16, torch.float16])
     steps = [(rng.random(), rng.randrange(1000), rng.randrange(1000), rng.random(), rng.random())
              for _ in range(rng.randint(4, 10))]
     layout = rng.choice(["contiguous", "contiguous", "transposed", "strided", "column", "row", "odd_rows"])
     grad = dtype == torch.float32 and rng.random() < 0.3
+    special = rng.random() < 0.3  # NaN (with a payload), infinities and signed zeros among the inputs
 
     def inputs(device):
         g = torch.Generator().manual_seed(seed)
@@ -72,6 +75,15 @@ def _program(seed):
             xs[2] = torch.randn(N, generator=g).to(dtype)
         elif layout == "odd_rows":  # rows that do not split evenly over threads: fused, run member by member
             xs = [torch.randn(N + 1, N, generator=g).to(dtype) for _ in range(2)] + [torch.randn(N, generator=g).to(dtype)]
+        if special:
+            for x in xs:
+                at = tuple(torch.randint(n, (64,), generator=g) for n in x.shape)
+                part = lambda lo, hi: tuple(i[lo:hi] for i in at)
+                x[part(0, 16)], x[part(16, 32)], x[part(32, 48)], x[part(48, 64)] = (
+                    float("inf"), float("-inf"), -0.0, float("nan"))
+                if dtype == torch.float32:  # a NaN with a payload of its own, and a negative one
+                    x.view(torch.int32)[part(48, 56)] = 0x7FC12345
+                    x.view(torch.int32)[part(56, 64)] = -0x3ABCDF  # 0xFFC54321
         out = [x.to(device) for x in xs]
         if grad:
             out = [x.detach().requires_grad_() for x in out]
@@ -86,8 +98,10 @@ def _program(seed):
                 y = UNARY[i % len(UNARY)](a)
             elif kind < 0.65:
                 y = BINARY[j % len(BINARY)](a, b)  # may broadcast
-            elif kind < 0.78:
+            elif kind < 0.74:
                 y = SCALAR[i % len(SCALAR)](a)
+            elif kind < 0.78:
+                y = CAST[i % len(CAST)](a)
             elif kind < 0.85:
                 y = ROW_WISE[i % len(ROW_WISE)](a if a.dim() == 2 else a + pool[0])
             elif not grad and a.shape == b.shape:
@@ -107,7 +121,13 @@ def _program(seed):
 
 
 def _bits_equal(a, b):
-    torch.testing.assert_close(a.cpu(), b.cpu(), rtol=0, atol=0, equal_nan=True)
+    """Equal bit for bit, NaN payloads and signed zeros included."""
+    a, b = a.cpu(), b.cpu()
+    assert a.dtype == b.dtype and a.shape == b.shape
+    if a.is_floating_point():
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
+    assert torch.equal(a, b), f"{(a != b).sum()} of {a.numel()} elements differ"
 
 
 def test_fuzz_fused_equals_unfused_bitwise_and_cpu(fusion):
@@ -142,6 +162,35 @@ def test_fusion_happens_on_typical_chains(fusion):
     fusion(False)
     _busy()
     _bits_equal(y, torch.nn.functional.gelu(x * a + c))
+
+
+def test_casts_fuse(fusion):
+    x = torch.randn(N, N, device="neuron")
+    torchneuron.clear_op_tracking()
+    _busy()
+    y = ((x * 2).to(torch.bfloat16) + 1).float() - 3
+    assert torchneuron._C._fused_groups() == 1
+    assert torchneuron._C.get_fused_ops()["aten::copy_"] == 2
+    _bits_equal(y, ((x.cpu() * 2).to(torch.bfloat16) + 1).float() - 3)
+
+
+def test_two_nan_operands_keep_atens_payload(fusion):
+    """Float arithmetic runs in fusion's own loops (exact_arithmetic.h), except
+    where both operands of an element are NaN: which payload survives differs
+    between ATen's vector loop and its scalar tail, so ATen computes those."""
+    n = 2 * 32768 + 17  # each thread's range ends in a scalar tail
+    a, b = torch.randn(n), torch.randn(n)
+    at = torch.tensor([0, 5, 1000, 32768 - 1, 32768 + 3, n // 2 - 1, n // 2, n // 2 + 1, n - 9, n - 2, n - 1])
+    a.view(torch.int32)[at], b.view(torch.int32)[at] = 0x7FC12345, -0x3ABCDF  # 0xFFC54321
+    a, b = a.to("neuron"), b.to("neuron")
+    program = lambda: [(a * b).abs() - 1, (a + b) * 3, (b / a).neg() - a, a.clamp(-1, 1) * b]
+    _busy()
+    fused = program()
+    assert torchneuron._C._fused_groups() > 0
+    fusion(False)
+    _busy()
+    for x, y in zip(fused, program()):
+        _bits_equal(x, y)
 
 
 @pytest.mark.parametrize("rows", [N, N + 1])  # N + 1: threads do not start on a row, members run in turn

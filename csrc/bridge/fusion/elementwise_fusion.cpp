@@ -14,6 +14,7 @@
 #include <unordered_set>
 
 #include "../op_tracking.h"
+#include "exact_arithmetic.h"
 #include "../ops/aliases.h"
 #include "../ops/result_placement.h"
 
@@ -21,6 +22,7 @@ namespace torchneuron {
 namespace {
 
 constexpr int64_t kPiece = 1 << 15;     // elements per piece: a multiple of every vector step
+constexpr int64_t kSlice = 1 << 10;     // elements per slice of exact members: two operands fit L1
 constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
 
 std::atomic<bool>& enabled_flag() {
@@ -87,6 +89,7 @@ struct Operand {
 struct Member {
   ElementwiseCall call;
   std::vector<Operand> operands;  // reads before writes
+  std::optional<ExactArithmetic> exact;  // runs without ATen (exact_arithmetic.h)
 };
 
 struct FusedGroup {
@@ -98,7 +101,8 @@ struct FusedGroup {
   bool compatible(const std::vector<Operand>& operands) const;
   void elide(uintptr_t begin, uintptr_t end);
   void run();
-  void run_range(int64_t begin, int64_t end, int64_t piece);
+  // [begin, end) is one thread's range of unfused kernels, unless `whole`.
+  void run_range(int64_t begin, int64_t end, int64_t piece, bool whole = false);
 };
 
 // A tensor whose metadata a piece loop may rewrite: a private TensorImpl over
@@ -138,7 +142,7 @@ void point(const at::Tensor& slice, Cover cover, int64_t base, int64_t row, int6
   }
 }
 
-void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
+void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole) {
   // Elided intermediates live in scratch pieces that stay in cache.
   std::vector<at::Tensor> scratch;
   for (c10::ScalarType t : slots) scratch.push_back(at::empty({piece}, at::TensorOptions().dtype(t)));
@@ -154,10 +158,47 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
     std::vector<c10::IValue> args;
     std::vector<Slice> slices, result_slices;
   };
+  // An exact member's operand: where element `lo` of the iteration space is
+  // (a scratch slot holds the current piece), or one repeated element.
+  struct Lane {
+    const char* base = nullptr;
+    int64_t step = 1;
+    bool scratch = false;
+    at::Tensor held;  // a single element converted to the member's dtype
+    const char* at(int64_t piece_lo, int64_t lo, size_t itemsize) const {
+      return base ? base + step * (scratch ? lo - piece_lo : lo) * int64_t(itemsize) : nullptr;
+    }
+  };
+  struct Lanes {
+    Lane self, other, out;
+  };
   std::vector<Prepared> prepared(members.size());
+  std::vector<Lanes> lanes(members.size());
   for (size_t m = 0; m < members.size(); ++m) {
-    auto& p = prepared[m];
     const auto& call = members[m].call;
+    // Exact members decline to ATen per slice, which must then end where a
+    // thread's range does: not when running over everything.
+    if (!whole && members[m].exact) {
+      const ExactArithmetic& exact = *members[m].exact;
+      auto lane = [&](int index) {
+        Lane l;
+        if (index == -2) return l;  // absent
+        for (const Operand& o : members[m].operands) {
+          if (o.result != (index == -1) || (index >= 0 && o.index != size_t(index))) continue;
+          const at::Tensor& t = o.slot >= 0 ? scratch[o.slot] : o.result ? call.results[0] : call.args[index].toTensor();
+          if (o.cover == Cover::Single) {
+            l.held = t.to(exact.dtype);
+            l.step = 0;
+          }
+          l.base = static_cast<const char*>((l.held.defined() ? l.held : t).data_ptr());
+          l.scratch = o.slot >= 0;
+        }
+        return l;
+      };
+      lanes[m] = {lane(exact.self), lane(exact.other == -1 ? -2 : exact.other), lane(exact.out)};
+      continue;
+    }
+    auto& p = prepared[m];
     p.args = call.args;
     p.result_slices.resize(call.results.size());
     for (const Operand& o : members[m].operands) {
@@ -174,13 +215,33 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
   }
   for (int64_t lo = begin; lo < end; lo += piece) {
     const int64_t len = std::min(piece, end - lo);
-    for (size_t m = 0; m < members.size(); ++m) {
-      auto& p = prepared[m];
-      for (const Slice& s : p.slices) s.at(row, lo, len);
-      torch::jit::Stack stack(p.args.begin(), p.args.end());
+    for (size_t m = 0; m < members.size();) {
       try {
+        if (!whole && members[m].exact) {
+          // A run of exact members goes slice by slice, so that what one
+          // writes the next reads from L1.
+          const size_t first = m;
+          size_t end_run = m;
+          while (end_run < members.size() && members[end_run].exact) ++end_run;
+          for (int64_t s = lo; s < lo + len; s += kSlice) {
+            const int64_t n = std::min(kSlice, lo + len - s);
+            for (m = first; m < end_run; ++m) {  // m names the member in errors
+              const Lanes& l = lanes[m];
+              const size_t size = c10::elementSize(members[m].exact->dtype);
+              char* out = const_cast<char*>(l.out.at(lo, s, size));
+              const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
+              // Slices start where ATen's vector loop would, so a declined
+              // one takes ATen's own paths element by element.
+              if (!run_exact(*members[m].exact, out, self, other, n)) run_with_aten(*members[m].exact, out, self, other, n);
+            }
+          }
+          continue;
+        }
+        auto& p = prepared[m];
+        for (const Slice& s : p.slices) s.at(row, lo, len);
+        torch::jit::Stack stack(p.args.begin(), p.args.end());
         if (p.result_slices.empty()) {
-          members[m].call.op.callBoxed(&stack);
+          members[m++].call.op.callBoxed(&stack);
           continue;
         }
         // A functional member computes straight into its piece of the result
@@ -195,6 +256,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece) {
           members[m].call.op.callBoxed(&stack);
         }
         settle_results(stack, into);
+        ++m;
       } catch (const std::exception& e) {
         throw std::runtime_error("in fused member " + members[m].call.name + ": " + e.what());
       }
@@ -211,7 +273,7 @@ void FusedGroup::run() {
   const int64_t chunk = (numel + tasks - 1) / tasks;
   // Pieces of whole rows match unfused execution only if every thread starts
   // on a row; otherwise each member runs over everything in turn, as unfused.
-  if (row > 0 && tasks > 1 && chunk % row != 0) return run_range(0, numel, numel);
+  if (row > 0 && tasks > 1 && chunk % row != 0) return run_range(0, numel, numel, /*whole=*/true);
   const int64_t piece = row == 0 ? kPiece : std::max<int64_t>(1, kPiece / row) * row;
   if (tasks == 1) return run_range(0, numel, piece);
   at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
@@ -302,7 +364,9 @@ int64_t rowwise_row(const ElementwiseCall& call, c10::IValue& dims) {
 
 bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::vector<Operand>& operands) {
   const auto& schema = call.op.schema();
-  const bool inplace = !schema.name().empty() && schema.name().back() == '_';
+  // An in-place call reads what it writes, but for copy_ and fill_.
+  const bool reads_self = !schema.name().empty() && schema.name().back() == '_' && schema.name() != "aten::copy_" &&
+                          schema.name() != "aten::fill_";
   struct Use {
     const at::Tensor* t;
     size_t index;
@@ -348,7 +412,7 @@ bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::
       row = cover->second;
     }
     auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
-    Operand o{u.index, u.result, u.written && !inplace, cover->first, {p, p + t.nbytes(), t.itemsize()},
+    Operand o{u.index, u.result, u.written && !reads_self, cover->first, {p, p + t.nbytes(), t.itemsize()},
               t.scalar_type()};
     (u.written ? writes : operands).push_back(o);
   }
@@ -362,17 +426,19 @@ bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::
 // Coinciding tensors must also be cut alike, so that a piece only ever reads
 // elements an earlier member wrote for that same piece (a bias read whole by
 // every piece must not share memory with a per-row result).
-bool FusedGroup::compatible(const std::vector<Operand>& operands) const {
+bool coincide_or_disjoint(const Operand& a, const Operand& b) {
+  if (a.slot >= 0 || b.slot >= 0) return true;  // elided: never touches memory
   auto cut = [](Cover c) { return c == Cover::PerRow ? Cover::Column : c; };
+  const Range &x = a.range, &y = b.range;
+  return (x.begin == y.begin && x.end == y.end && x.itemsize == y.itemsize && cut(a.cover) == cut(b.cover)) ||
+         x.end <= y.begin || y.end <= x.begin;
+}
+
+bool FusedGroup::compatible(const std::vector<Operand>& operands) const {
   for (const Member& m : members)
     for (const Operand& a : m.operands)
-      for (const Operand& b : operands) {
-        if (a.slot >= 0) continue;  // elided: never touches memory
-        const Range &x = a.range, &y = b.range;
-        bool same = x.begin == y.begin && x.end == y.end && x.itemsize == y.itemsize && cut(a.cover) == cut(b.cover);
-        bool disjoint = x.end <= y.begin || y.end <= x.begin;
-        if (!same && !disjoint) return false;
-      }
+      for (const Operand& b : operands)
+        if (!coincide_or_disjoint(a, b)) return false;
   return true;
 }
 
@@ -413,6 +479,12 @@ bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
   int64_t numel, row;
   std::vector<Operand> operands;
   if (!collect_operands(call, numel, row, operands)) return false;
+  for (size_t i = 0; i < operands.size(); ++i)  // x[1:].add_(x[:-1]) is ATen's to reject or order
+    for (size_t j = 0; j < i; ++j)
+      if (!coincide_or_disjoint(operands[i], operands[j])) return false;
+  std::optional<ExactArithmetic> exact = exact_arithmetic_of(call);
+  for (const Operand& o : operands)
+    if (o.cover != Cover::Full && o.cover != Cover::Single) exact.reset();
 
   bool merged = stream.amend_pending_tail([&](runtime::Task& tail) {
     FusedGroup* g = group_of(tail);
@@ -420,7 +492,7 @@ bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
     if (row != 0 && g->row != 0 && row != g->row) return false;
     if (row != 0) g->row = row;
     tail.name += "+" + call.name;
-    g->members.push_back({std::move(call), std::move(operands)});
+    g->members.push_back({std::move(call), std::move(operands), std::move(exact)});
     if (g->members.size() == 2) record_fused(g->members.front().call.name, true);
     record_fused(g->members.back().call.name, false);
     return true;
@@ -433,7 +505,7 @@ bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
   g.numel = numel;
   g.row = row;
   std::string name = "fused:" + call.name;
-  g.members.push_back({std::move(call), std::move(operands)});
+  g.members.push_back({std::move(call), std::move(operands), std::move(exact)});
   runtime::Task task;
   task.name = std::move(name);
   task.payload = state;

@@ -5,10 +5,13 @@
 //                    is read by the device later (the caller must not touch it)
 //   device -> host   waits for the stream, unless non_blocking=True into pinned
 //                    memory, which is filled later (synchronize before reading)
-//   device -> device a device task, ordered across devices by an event
+//   device -> device a device task, ordered across devices by an event; on
+//                    one device it may fuse with queued element-wise work (a
+//                    cast in a chain: adaptive eager)
 #include <ATen/ATen.h>
 
 #include "../device_state.h"
+#include "../fusion/elementwise_fusion.h"
 #include "../host_allocator.h"
 #include "aliases.h"
 #include "kernels.h"
@@ -40,6 +43,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         ready.record(current_runtime_stream(self.device().index()));
         ready.block(stream);
       });
+    }
+    if (self.device() == dst.device() && dst.numel() >= min_fusable_numel() && adaptive_eager_enabled()) {
+      static const auto copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+      ElementwiseCall call{copy_op, {host_alias(dst), host_alias(self), false}, {}, "aten::copy_"};
+      if (translate_errors([&] { return enqueue_fusable(stream, call); })) return dst;
     }
     enqueue_copy(stream, host_alias(dst), host_alias(self));
   } else if (dst_dev) {

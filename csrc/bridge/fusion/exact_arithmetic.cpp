@@ -1,0 +1,207 @@
+// O3: GCC's -O2 cost model leaves these loops scalar (they need a run-time
+// check that `out` and an input coincide or not).
+#pragma GCC optimize("O3")
+
+#include "exact_arithmetic.h"
+
+#include <ATen/ops/add.h>
+#include <ATen/ops/div.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/sub.h>
+
+#include <cmath>
+#include <string>
+#include <unordered_map>
+
+namespace torchneuron {
+namespace {
+
+using Kind = ExactArithmetic::Kind;
+
+const std::unordered_map<std::string, Kind>& kinds() {
+  static const std::unordered_map<std::string, Kind> k = {
+      {"add", Kind::Add}, {"sub", Kind::Sub}, {"mul", Kind::Mul},       {"div", Kind::Div},
+      {"neg", Kind::Neg}, {"abs", Kind::Abs}, {"relu", Kind::Clamp},    {"clamp", Kind::Clamp},
+      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}};
+  return k;
+}
+
+// A real Scalar (ATen wraps it as a double, int64 or bool tensor), or a bound
+// that is a number: clamp with a NaN bound fills NaN, which is left to ATen.
+bool real(const c10::Scalar& s) {
+  return !s.isComplex() && !(s.isFloatingPoint() && std::isnan(s.toDouble()));
+}
+
+template <typename T>
+T converted(const c10::Scalar& s) {  // as TensorIterator converts a wrapped number
+  if (s.isFloatingPoint()) return static_cast<T>(s.toDouble());
+  if (s.isBoolean()) return static_cast<T>(s.toBool());
+  return static_cast<T>(s.toLong());
+}
+
+template <typename T, typename F>
+inline void map(T* out, SliceOperand a, SliceOperand b, int64_t n, F f) {
+  const T* x = reinterpret_cast<const T*>(a.data);
+  const T* y = reinterpret_cast<const T*>(b.data);
+  if (a.step && b.step) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x[i], y[i]);
+  } else if (a.step) {
+    const T v = *y;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(x[i], v);
+  } else {
+    const T u = *x;
+    if (b.step) {
+      for (int64_t i = 0; i < n; ++i) out[i] = f(u, y[i]);
+    } else {
+      const T v = f(u, *y);
+      for (int64_t i = 0; i < n; ++i) out[i] = v;
+    }
+  }
+}
+
+// Whether some element has two NaN operands (see run_exact).
+template <typename T>
+bool two_nans(SliceOperand a, SliceOperand b, int64_t n) {
+  const T* x = reinterpret_cast<const T*>(a.data);
+  const T* y = reinterpret_cast<const T*>(b.data);
+  if (!a.step && !b.step) return std::isnan(*x) && std::isnan(*y);
+  if (!a.step || !b.step) {
+    const T* single = a.step ? y : x;
+    const T* full = a.step ? x : y;
+    if (!std::isnan(*single)) return false;
+    bool any = false;
+    for (int64_t i = 0; i < n; ++i) any |= full[i] != full[i];
+    return any;
+  }
+  bool any = false;
+  for (int64_t i = 0; i < n; ++i) any |= (x[i] != x[i]) & (y[i] != y[i]);
+  return any;
+}
+
+template <typename T>
+bool run_typed(const ExactArithmetic& op, T* out, SliceOperand a, SliceOperand b, int64_t n) {
+  T scalar;
+  if (!b.data) {  // a Scalar `other`, or a unary kind (any readable value)
+    scalar = converted<T>(op.scalar);
+    b = {reinterpret_cast<const char*>(&scalar), 0};
+  }
+  switch (op.kind) {
+    case Kind::Add:
+    case Kind::Sub:
+    case Kind::Mul:
+    case Kind::Div:
+      if (two_nans<T>(a, b, n)) return false;
+      break;
+    default:
+      break;
+  }
+  switch (op.kind) {
+    case Kind::Add: map<T>(out, a, b, n, [](T x, T y) { return x + y; }); break;
+    case Kind::Sub: map<T>(out, a, b, n, [](T x, T y) { return x - y; }); break;
+    case Kind::Mul: map<T>(out, a, b, n, [](T x, T y) { return x * y; }); break;
+    case Kind::Div: map<T>(out, a, b, n, [](T x, T y) { return x / y; }); break;
+    case Kind::Neg: map<T>(out, a, b, n, [](T x, T) { return -x; }); break;
+    case Kind::Abs: map<T>(out, a, b, n, [](T x, T) { return std::abs(x); }); break;
+    case Kind::Clamp:
+      // max(x, lo) then min(., hi), each keeping x when x is NaN or equal to
+      // the bound (so -0.0 stays -0.0), as ATen's kernels do.
+      if (op.lo && op.hi) {
+        const T lo = op.lo->to<T>(), hi = op.hi->to<T>();
+        map<T>(out, a, b, n, [=](T x, T) {
+          const T t = x < lo ? lo : x;
+          return hi < t ? hi : t;
+        });
+      } else if (op.lo) {
+        const T lo = op.lo->to<T>();
+        map<T>(out, a, b, n, [=](T x, T) { return x < lo ? lo : x; });
+      } else {
+        const T hi = op.hi->to<T>();
+        map<T>(out, a, b, n, [=](T x, T) { return hi < x ? hi : x; });
+      }
+      break;
+  }
+  return true;
+}
+
+} // namespace
+
+std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) {
+  const auto& schema = call.op.schema();
+  std::string base = schema.name().substr(6);  // after "aten::"
+  const bool inplace = !base.empty() && base.back() == '_';
+  if (inplace) base.pop_back();
+  auto kind = kinds().find(base);
+  if (kind == kinds().end()) return std::nullopt;
+  ExactArithmetic op{kind->second, c10::ScalarType::Undefined, -1, -1, -1};
+  auto arg = [&](const char* name) -> const c10::IValue* {
+    auto i = schema.argumentIndexWithName(name);
+    return i && *i < call.args.size() ? &call.args[*i] : nullptr;
+  };
+  auto index = [&](const char* name) { return int(*schema.argumentIndexWithName(name)); };
+  const c10::IValue* self = arg("self");
+  if (!self || !self->isTensor()) return std::nullopt;
+  op.self = index("self");
+  op.out = inplace ? op.self : arg("out") ? index("out") : -1;
+  if (op.out == -1 && call.results.size() != 1) return std::nullopt;
+  const at::Tensor& out = op.out == -1 ? call.results[0] : call.args[op.out].toTensor();
+  op.dtype = out.scalar_type();
+  if (op.dtype != at::kFloat && op.dtype != at::kDouble) return std::nullopt;
+
+  if (const c10::IValue* alpha = arg("alpha");
+      alpha && (alpha->toScalar().isBoolean() || !real(alpha->toScalar()) || alpha->toScalar().toDouble() != 1.0))
+    return std::nullopt;  // a bool alpha is ATen's error to raise
+  if (const c10::IValue* mode = arg("rounding_mode"); mode && !mode->isNone()) return std::nullopt;
+  if (const c10::IValue* other = arg("other")) {
+    if (other->isTensor()) {
+      op.other = index("other");
+    } else if (other->isScalar() && real(other->toScalar())) {
+      op.scalar = other->toScalar();
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (base == "relu") op.lo = c10::Scalar(0);
+  for (auto [name, bound] : {std::pair{"min", &op.lo}, std::pair{"max", &op.hi}}) {
+    const c10::IValue* v = arg(name);
+    if (!v || v->isNone()) continue;
+    if (!v->isScalar() || !real(v->toScalar())) return std::nullopt;  // a Tensor bound, a NaN
+    *bound = v->toScalar();
+  }
+  if (op.kind == Kind::Clamp && !op.lo && !op.hi) return std::nullopt;
+
+  // No type promotion: every tensor of more than zero dimensions has the
+  // result's dtype, and 0-dim ones (which weigh less) are real numbers.
+  for (int i : {op.self, op.other}) {
+    if (i < 0) continue;
+    const at::Tensor& t = call.args[i].toTensor();
+    if (t.dim() == 0 ? c10::isComplexType(t.scalar_type()) : t.scalar_type() != op.dtype) return std::nullopt;
+  }
+  return op;
+}
+
+// flatten: the loops are inlined into each clone, so the avx2 one has avx2 loops.
+__attribute__((target_clones("avx2", "default"), flatten))
+bool run_exact(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n) {
+  if (op.dtype == at::kFloat) return run_typed<float>(op, reinterpret_cast<float*>(out), self, other, n);
+  return run_typed<double>(op, reinterpret_cast<double*>(out), self, other, n);
+}
+
+void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n) {
+  auto tensor = [&](const char* data, int64_t step) {
+    const auto options = at::TensorOptions().dtype(op.dtype);
+    return step ? at::from_blob(const_cast<char*>(data), {n}, options) : at::from_blob(const_cast<char*>(data), {}, options);
+  };
+  at::Tensor result = tensor(out, 1), a = tensor(self.data, self.step);
+  at::Tensor b = other.data ? tensor(other.data, other.step) : at::scalar_tensor(op.scalar, op.dtype);
+  switch (op.kind) {
+    case Kind::Add: at::add_out(result, a, b); break;
+    case Kind::Sub: at::sub_out(result, a, b); break;
+    case Kind::Mul: at::mul_out(result, a, b); break;
+    case Kind::Div: at::div_out(result, a, b); break;
+    default: TORCH_INTERNAL_ASSERT(false, "only binary kinds decline");
+  }
+}
+
+} // namespace torchneuron

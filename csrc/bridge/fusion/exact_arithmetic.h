@@ -1,0 +1,50 @@
+// Members of a fused group that need no ATen kernel: float and double
+// arithmetic whose every result element is one correctly rounded IEEE
+// operation (add, sub, mul, div) or a choice between an operand and a bound
+// (neg, abs, relu, clamp). Any loop computes them bit for bit as ATen's vector
+// and scalar kernels do, NaN payloads and signed zeros included, so a fused
+// group runs a run of them slice by slice in L1 with its own loops, instead of
+// one boxed call (and TensorIterator) per member and piece. Everything else,
+// and these operations with type promotion, an alpha other than 1 or a
+// broadcast row, stays with ATen's kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "elementwise_fusion.h"
+
+namespace torchneuron {
+
+struct ExactArithmetic {
+  enum class Kind : uint8_t { Add, Sub, Mul, Div, Neg, Abs, Clamp };
+  Kind kind;
+  c10::ScalarType dtype;  // kFloat or kDouble: of every operand but scalars
+  // Where the tensor operands are: an index into the call's args, or -1 for
+  // the call's result; `other` is -1 for unary kinds and a Scalar `other`.
+  int self, other = -1, out;
+  c10::Scalar scalar;                 // a Scalar `other`
+  std::optional<c10::Scalar> lo, hi;  // clamp bounds (relu: lo = 0)
+};
+
+// The member as exact arithmetic, or nullopt if it needs ATen's kernel.
+// Tensor operands must cover the group whole or be single elements.
+std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call);
+
+// One operand over a slice: `n` elements from `data`, or one element
+// repeated (`step` 0).
+struct SliceOperand {
+  const char* data;
+  int64_t step;  // 1 or 0, in elements
+};
+
+// out[i] = op(self[i], other[i]) for i < n; `other.data` is null for a
+// unary kind or a Scalar `other`. Returns false, writing nothing, when some
+// element has two NaN operands: which payload survives then differs between
+// ATen's vector and scalar loops (for mul, on x86), so only ATen's kernel run
+// on the same slice (run_with_aten) reproduces it.
+bool run_exact(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
+void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
+
+} // namespace torchneuron
