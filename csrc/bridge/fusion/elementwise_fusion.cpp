@@ -96,7 +96,11 @@ struct FusedGroup {
   int64_t numel = 0;
   int64_t row = 0;  // row length when a member broadcasts, else 0
   std::vector<Member> members;
-  std::vector<c10::ScalarType> slots;  // dtype of each scratch slot
+  struct Slot {
+    c10::ScalarType dtype;
+    size_t last_use;  // the last member to touch the intermediate living there
+  };
+  std::vector<Slot> slots;  // scratch, shared by intermediates whose lives do not overlap
 
   bool compatible(const std::vector<Operand>& operands) const;
   void elide(uintptr_t begin, uintptr_t end);
@@ -145,7 +149,7 @@ void point(const at::Tensor& slice, Cover cover, int64_t base, int64_t row, int6
 void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole) {
   // Elided intermediates live in scratch pieces that stay in cache.
   std::vector<at::Tensor> scratch;
-  for (c10::ScalarType t : slots) scratch.push_back(at::empty({piece}, at::TensorOptions().dtype(t)));
+  for (const Slot& s : slots) scratch.push_back(at::empty({piece}, at::TensorOptions().dtype(s.dtype)));
   // Private aliases per member, re-pointed at each piece.
   struct Slice {
     at::Tensor alias;
@@ -285,19 +289,27 @@ void FusedGroup::run() {
 // group is still the queue's tail): if the group's first use of it writes it,
 // no use needs memory, and the whole lifetime moves to a scratch slot.
 void FusedGroup::elide(uintptr_t begin, uintptr_t end) {
-  std::vector<Operand*> uses;
-  for (Member& m : members)
-    for (Operand& o : m.operands)
-      if (!o.closed && o.range.begin >= begin && o.range.end <= end) uses.push_back(&o);
+  std::vector<std::pair<Operand*, size_t>> uses;  // and the member using it
+  for (size_t m = 0; m < members.size(); ++m)
+    for (Operand& o : members[m].operands)
+      if (!o.closed && o.range.begin >= begin && o.range.end <= end) uses.emplace_back(&o, m);
   if (uses.empty()) return;
-  const bool elidable = uses.front()->write_only;
-  if (elidable) {
-    slots.push_back(uses.front()->dtype);
+  int slot = -1;
+  if (uses.front().first->write_only) {
+    // A slot whose last user comes before this intermediate's first writer.
+    const c10::ScalarType dtype = uses.front().first->dtype;
+    for (size_t s = 0; s < slots.size() && slot < 0; ++s)
+      if (slots[s].dtype == dtype && slots[s].last_use < uses.front().second) slot = int(s);
+    if (slot < 0) {
+      slot = int(slots.size());
+      slots.push_back({dtype, 0});
+    }
+    slots[slot].last_use = uses.back().second;
     record_elided();
   }
-  for (Operand* o : uses) {
+  for (auto& [o, m] : uses) {
     o->closed = true;
-    if (elidable) o->slot = int(slots.size()) - 1;
+    o->slot = slot;
   }
 }
 
