@@ -270,6 +270,8 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
 
 void FusedGroup::run() {
   auto guard = below_autograd();
+  // Nothing joined: one call over everything, as unfused, saves the pieces.
+  if (members.size() == 1 && slots.empty()) return run_range(0, numel, numel, /*whole=*/true);
   // The thread ranges TensorIterator would use for one numel-long kernel.
   const int64_t grain = at::internal::GRAIN_SIZE;
   const int64_t threads = at::get_num_threads();
