@@ -39,7 +39,7 @@ def _busy(device="neuron"):
 
 
 UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.neg, torch.abs, torch.nn.functional.gelu,
-         torch.nn.functional.silu, torch.square, lambda x: torch.exp(x.clamp(-5, 5)), lambda x: torch.sqrt(x.abs())]
+         torch.nn.functional.silu, torch.square, lambda x: torch.exp(x.clamp(-5, 5)), lambda x: torch.sqrt(x.abs()), torch.reciprocal, torch.sqrt]
 BINARY = [torch.add, torch.sub, torch.mul, lambda a, b: a / (b.abs() + 1), torch.maximum, torch.minimum,
           lambda a, b: torch.where(a > b, a, b), lambda a, b: a.lerp(b, 0.3)]
 SCALAR = [lambda x: x + 0.5, lambda x: x * 1.5, lambda x: 2.0 - x, lambda x: x.clamp(-1, 1), lambda x: x / 3.0,

@@ -24,7 +24,7 @@ const std::unordered_map<std::string, Kind>& kinds() {
   static const std::unordered_map<std::string, Kind> k = {
       {"add", Kind::Add}, {"sub", Kind::Sub}, {"mul", Kind::Mul},       {"div", Kind::Div},
       {"neg", Kind::Neg}, {"abs", Kind::Abs}, {"relu", Kind::Clamp},    {"clamp", Kind::Clamp},
-      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}};
+      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}, {"reciprocal", Kind::Reciprocal}};
   return k;
 }
 
@@ -104,6 +104,7 @@ bool run_typed(const ExactArithmetic& op, T* out, SliceOperand a, SliceOperand b
     case Kind::Div: map<T>(out, a, b, n, [](T x, T y) { return x / y; }); break;
     case Kind::Neg: map<T>(out, a, b, n, [](T x, T) { return -x; }); break;
     case Kind::Abs: map<T>(out, a, b, n, [](T x, T) { return std::abs(x); }); break;
+    case Kind::Reciprocal: map<T>(out, a, b, n, [](T x, T) { return T(1) / x; }); break;
     case Kind::Clamp:
       // max(x, lo) then min(., hi), each keeping x when x is NaN or equal to
       // the bound (so -0.0 stays -0.0), as ATen's kernels do.

@@ -1,7 +1,8 @@
 // Members of a fused group that need no ATen kernel: float and double
 // arithmetic whose every result element is one correctly rounded IEEE
-// operation (add, sub, mul, div) or a choice between an operand and a bound
-// (neg, abs, relu, clamp). Any loop computes them bit for bit as ATen's vector
+// operation (add, sub, mul, div, reciprocal) or a choice between an operand
+// and a bound (neg, abs, relu, clamp). Not sqrt: ATen's is not correctly
+// rounded (a vector approximation). Any loop computes them bit for bit as ATen's vector
 // and scalar kernels do, NaN payloads and signed zeros included, so a fused
 // group runs a run of them slice by slice in L1 with its own loops, instead of
 // one boxed call (and TensorIterator) per member and piece. Everything else,
@@ -18,7 +19,7 @@
 namespace torchneuron {
 
 struct ExactArithmetic {
-  enum class Kind : uint8_t { Add, Sub, Mul, Div, Neg, Abs, Clamp };
+  enum class Kind : uint8_t { Add, Sub, Mul, Div, Neg, Abs, Clamp, Reciprocal };
   Kind kind;
   c10::ScalarType dtype;  // kFloat or kDouble: of every operand but scalars
   // Where the tensor operands are: an index into the call's args, or -1 for
