@@ -14,9 +14,9 @@
 #include <unordered_set>
 
 #include "../op_tracking.h"
-#include "exact_arithmetic.h"
 #include "../ops/aliases.h"
 #include "../ops/result_placement.h"
+#include "exact_arithmetic.h"
 
 namespace torchneuron {
 namespace {
