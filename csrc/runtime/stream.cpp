@@ -1,5 +1,6 @@
 #include "stream.h"
 
+#include <chrono>
 #include <exception>
 
 #include "device.h"
@@ -30,7 +31,7 @@ uint64_t Stream::enqueue(std::string name, std::function<void()> run) {
 }
 
 uint64_t Stream::enqueue(Task task) {
-  task.enqueued_ns = now_ns();
+  task.enqueued_ns = task.amended_ns = now_ns();
   if (device_.launch_blocking()) {
     // Debug mode: run here and now, after everything before it, and report
     // an error at the launch that caused it.
@@ -96,6 +97,15 @@ void Stream::executor_loop() {
         executor_sleeping_ = false;
         if (queue_.empty()) return;  // stopping
       }
+      // A task that lingers (Task::linger_ns) waits while the host amends it,
+      // until something else is queued, a host waits, or time is up.
+      while (queue_.size() == 1 && queue_.front().linger_ns > 0 && host_waiters_ == 0 && !stopping_) {
+        const int64_t left = queue_.front().amended_ns + queue_.front().linger_ns - now_ns();
+        if (left <= 0) break;
+        executor_sleeping_ = true;
+        work_cv_.wait_for(lock, std::chrono::nanoseconds(left));
+        executor_sleeping_ = false;
+      }
       task = std::move(queue_.front());
       queue_.pop_front();
     }
@@ -107,6 +117,7 @@ void Stream::wait_until(uint64_t seq) {
   if (is_complete(seq)) return;
   std::unique_lock<std::mutex> lock(mu_);
   ++host_waiters_;
+  if (executor_sleeping_) work_cv_.notify_one();  // a lingering task starts now
   done_cv_.wait(lock, [&] { return is_complete(seq); });
   --host_waiters_;
 }
@@ -118,8 +129,9 @@ void Stream::synchronize() {
 
 bool Stream::amend_pending_tail(const std::function<bool(Task&)>& amend) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (queue_.empty()) return false;
-  return amend(queue_.back());
+  if (queue_.empty() || !amend(queue_.back())) return false;
+  queue_.back().amended_ns = now_ns();
+  return true;
 }
 
 size_t Stream::pending() const {

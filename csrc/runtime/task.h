@@ -26,6 +26,12 @@ struct Task {
   // Opaque state a client keeps with a pending task, e.g. the bridge's fuser
   // recognises its own fused tasks by it (see Stream::amend_pending_tail).
   std::shared_ptr<void> payload;
+  // How long an idle executor holds this task back after its last amendment
+  // while it is the stream's only task and no host waits: a fused group then
+  // gets the next operator of a host still issuing them, instead of starting
+  // alone and writing its result to memory for the next task to read back.
+  int64_t linger_ns = 0;
+  int64_t amended_ns = 0;    // host time of the launch or of the last amendment
 };
 
 // Called on the executor thread after every task (profiler feed). Must be cheap.

@@ -22,8 +22,13 @@ namespace torchneuron {
 namespace {
 
 constexpr int64_t kPiece = 1 << 15;     // elements per piece: a multiple of every vector step
-constexpr int64_t kSlice = 1 << 10;     // elements per slice of exact members: two operands fit L1
+constexpr int64_t kSlice = 1 << 10;     // elements per slice of exact members: their operands stay in L1
 constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
+// An idle device holds a new group back this long after each operator joins
+// it (runtime::Task::linger_ns), for the next one: a host issues an operator
+// in 5-20 us, and a group costs at least a pass over 1M elements (~300 us).
+// A waiting host, or any other work queued behind the group, starts it at once.
+constexpr int64_t kLingerNs = 50'000;
 
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> flag{[] {
@@ -523,6 +528,7 @@ bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
   runtime::Task task;
   task.name = std::move(name);
   task.payload = state;
+  task.linger_ns = kLingerNs;
   FusedGroup* group = &g;
   task.run = [state, group] { group->run(); };
   stream.enqueue(std::move(task));

@@ -12,6 +12,7 @@
 #include <ATen/ops/sub.h>
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <unordered_map>
 
@@ -34,11 +35,24 @@ bool real(const c10::Scalar& s) {
   return !s.isComplex() && !(s.isFloatingPoint() && std::isnan(s.toDouble()));
 }
 
-template <typename T>
-T converted(const c10::Scalar& s) {  // as TensorIterator converts a wrapped number
-  if (s.isFloatingPoint()) return static_cast<T>(s.toDouble());
-  if (s.isBoolean()) return static_cast<T>(s.toBool());
-  return static_cast<T>(s.toLong());
+// A Scalar `other` as TensorIterator converts the number ATen wraps it in.
+double wrapped(const c10::Scalar& s, c10::ScalarType dtype) {
+  if (dtype == at::kFloat) {
+    if (s.isFloatingPoint()) return static_cast<float>(s.toDouble());
+    return s.isBoolean() ? static_cast<float>(s.toBool()) : static_cast<float>(s.toLong());
+  }
+  if (s.isFloatingPoint()) return s.toDouble();
+  return s.isBoolean() ? static_cast<double>(s.toBool()) : static_cast<double>(s.toLong());
+}
+
+// A clamp bound as ATen's kernel converts it (Scalar::to, which refuses an
+// overflow: then nullopt, and ATen raises it).
+std::optional<double> bound(const c10::Scalar& s, c10::ScalarType dtype) {
+  try {
+    return dtype == at::kFloat ? double(s.to<float>()) : s.to<double>();
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
 }
 
 template <typename T, typename F>
@@ -61,32 +75,41 @@ inline void map(T* out, SliceOperand a, SliceOperand b, int64_t n, F f) {
   }
 }
 
-// Whether some element has two NaN operands (see run_exact).
+// Whether x[i] and y[i] are both NaN for some i < n, or x[i] is for a NaN
+// `y` (step 0). Written with vector types: GCC leaves a bool reduction over
+// float comparisons scalar.
 template <typename T>
 bool two_nans(SliceOperand a, SliceOperand b, int64_t n) {
   const T* x = reinterpret_cast<const T*>(a.data);
   const T* y = reinterpret_cast<const T*>(b.data);
   if (!a.step && !b.step) return std::isnan(*x) && std::isnan(*y);
-  if (!a.step || !b.step) {
-    const T* single = a.step ? y : x;
-    const T* full = a.step ? x : y;
-    if (!std::isnan(*single)) return false;
-    bool any = false;
-    for (int64_t i = 0; i < n; ++i) any |= full[i] != full[i];
-    return any;
+  if (!a.step) std::swap(x, y);  // x: the full operand
+  const bool single = !a.step || !b.step;
+  if (single && !std::isnan(*y)) return false;
+  typedef T Vec __attribute__((vector_size(32)));
+  constexpr int64_t lanes = 32 / sizeof(T);
+  decltype(Vec{} != Vec{}) found{};
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    Vec u, v;
+    std::memcpy(&u, x + i, sizeof(Vec));
+    if (single) {
+      found |= u != u;
+    } else {
+      std::memcpy(&v, y + i, sizeof(Vec));
+      found |= (u != u) & (v != v);
+    }
   }
   bool any = false;
-  for (int64_t i = 0; i < n; ++i) any |= (x[i] != x[i]) & (y[i] != y[i]);
+  for (int64_t k = 0; k < lanes; ++k) any |= found[k] != 0;
+  for (; i < n; ++i) any |= std::isnan(x[i]) && (single || std::isnan(y[i]));
   return any;
 }
 
 template <typename T>
 bool run_typed(const ExactArithmetic& op, T* out, SliceOperand a, SliceOperand b, int64_t n) {
-  T scalar;
-  if (!b.data) {  // a Scalar `other`, or a unary kind (any readable value)
-    scalar = converted<T>(op.scalar);
-    b = {reinterpret_cast<const char*>(&scalar), 0};
-  }
+  const T scalar = T(op.scalar);
+  if (!b.data) b = {reinterpret_cast<const char*>(&scalar), 0};  // a Scalar `other`, or unary
   switch (op.kind) {
     case Kind::Add:
     case Kind::Sub:
@@ -109,16 +132,16 @@ bool run_typed(const ExactArithmetic& op, T* out, SliceOperand a, SliceOperand b
       // max(x, lo) then min(., hi), each keeping x when x is NaN or equal to
       // the bound (so -0.0 stays -0.0), as ATen's kernels do.
       if (op.lo && op.hi) {
-        const T lo = op.lo->to<T>(), hi = op.hi->to<T>();
+        const T lo = T(*op.lo), hi = T(*op.hi);
         map<T>(out, a, b, n, [=](T x, T) {
           const T t = x < lo ? lo : x;
           return hi < t ? hi : t;
         });
       } else if (op.lo) {
-        const T lo = op.lo->to<T>();
+        const T lo = T(*op.lo);
         map<T>(out, a, b, n, [=](T x, T) { return x < lo ? lo : x; });
       } else {
-        const T hi = op.hi->to<T>();
+        const T hi = T(*op.hi);
         map<T>(out, a, b, n, [=](T x, T) { return hi < x ? hi : x; });
       }
       break;
@@ -158,17 +181,18 @@ std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) 
     if (other->isTensor()) {
       op.other = index("other");
     } else if (other->isScalar() && real(other->toScalar())) {
-      op.scalar = other->toScalar();
+      op.scalar = wrapped(other->toScalar(), op.dtype);
     } else {
       return std::nullopt;
     }
   }
-  if (base == "relu") op.lo = c10::Scalar(0);
-  for (auto [name, bound] : {std::pair{"min", &op.lo}, std::pair{"max", &op.hi}}) {
+  if (base == "relu") op.lo = 0.0;
+  for (auto [name, limit] : {std::pair{"min", &op.lo}, std::pair{"max", &op.hi}}) {
     const c10::IValue* v = arg(name);
     if (!v || v->isNone()) continue;
     if (!v->isScalar() || !real(v->toScalar())) return std::nullopt;  // a Tensor bound, a NaN
-    *bound = v->toScalar();
+    *limit = bound(v->toScalar(), op.dtype);
+    if (!*limit) return std::nullopt;
   }
   if (op.kind == Kind::Clamp && !op.lo && !op.hi) return std::nullopt;
 
@@ -195,7 +219,7 @@ void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, Slic
     return step ? at::from_blob(const_cast<char*>(data), {n}, options) : at::from_blob(const_cast<char*>(data), {}, options);
   };
   at::Tensor result = tensor(out, 1), a = tensor(self.data, self.step);
-  at::Tensor b = other.data ? tensor(other.data, other.step) : at::scalar_tensor(op.scalar, op.dtype);
+  at::Tensor b = other.data ? tensor(other.data, other.step) : at::scalar_tensor(op.scalar, at::TensorOptions().dtype(op.dtype));
   switch (op.kind) {
     case Kind::Add: at::add_out(result, a, b); break;
     case Kind::Sub: at::sub_out(result, a, b); break;

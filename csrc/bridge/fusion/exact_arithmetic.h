@@ -25,8 +25,10 @@ struct ExactArithmetic {
   // Where the tensor operands are: an index into the call's args, or -1 for
   // the call's result; `other` is -1 for unary kinds and a Scalar `other`.
   int self, other = -1, out;
-  c10::Scalar scalar;                 // a Scalar `other`
-  std::optional<c10::Scalar> lo, hi;  // clamp bounds (relu: lo = 0)
+  // A Scalar `other` and the clamp bounds (relu: lo = 0), already converted
+  // to the dtype as ATen converts them (exact in a double).
+  double scalar = 0;
+  std::optional<double> lo, hi;
 };
 
 // The member as exact arithmetic, or nullopt if it needs ATen's kernel.

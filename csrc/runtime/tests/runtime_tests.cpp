@@ -126,6 +126,38 @@ TEST(pending_tail_can_be_amended_before_it_starts) {
   CHECK(!s.amend_pending_tail([](Task&) { return true; }));  // nothing pending
 }
 
+TEST(lingering_task_gathers_amendments_until_time_a_waiter_or_more_work) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  std::atomic<int> ran{0};
+  auto lingering = [&](int64_t linger_ms) {
+    Task t;
+    t.name = "group";
+    t.run = [&] { ++ran; };
+    t.linger_ns = linger_ms * 1'000'000;
+    s.enqueue(std::move(t));
+  };
+  // Held back while amended; a waiting host starts it at once.
+  lingering(300);
+  sleep_ms(20);
+  CHECK(ran == 0);
+  CHECK(s.amend_pending_tail([](Task&) { return true; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  s.synchronize();
+  CHECK(ran == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200));
+  // Another task behind it ends the wait.
+  lingering(300);
+  sleep_ms(20);
+  s.enqueue("next", [&] { ++ran; });
+  sleep_ms(100);
+  CHECK(ran == 3);
+  // And so does time.
+  lingering(5);
+  sleep_ms(100);
+  CHECK(ran == 4);
+}
+
 TEST(events_order_work_across_streams) {
   Device d(props(1 << 20), false);
   Stream& producer = d.stream(1);
