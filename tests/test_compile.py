@@ -115,6 +115,23 @@ def test_conv_net_training():
     _three_way(ConvNet, x, y, F.cross_entropy, steps=2)
 
 
+def test_conv_net_keeps_the_device_layout():
+    # neuron convolutions return contiguous outputs whatever their inputs'
+    # layout, so no channels-last conversions: one fused kernel per conv block
+    # (batch norm, ReLU, pooling), none converting inputs or weights
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    cm = torch.compile(copy.deepcopy(model).to(DEV), backend="neuron")
+    torchneuron.clear_op_tracking()
+    with torch.no_grad():
+        out = cm(x.to(DEV))
+        _close(out, model(x), atol=1e-5)
+    ops = torchneuron.get_executed_ops()
+    assert ops.get("aten::convolution") == 2, ops
+    assert len([k for k in ops if k.startswith("compiled::")]) == 2, ops
+
+
 def test_gpt_training_fullgraph():
     cfg = gm.GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, d_model=16)
     torch.manual_seed(0)
