@@ -32,6 +32,7 @@ def _fresh_dynamo():
     tnc.backend.stats.clear()
     tnc.replay.stats.clear()
     tnc.replay.reasons.clear()
+    tnc.launch.stats.clear()
     yield
     torch._dynamo.reset()
 
@@ -112,6 +113,23 @@ def test_conv_net_training():
     torch.manual_seed(0)
     x, y = torch.randn(4, 3, 8, 8), torch.randint(0, 3, (4,))
     _three_way(ConvNet, x, y, F.cross_entropy, steps=2)
+
+
+def test_conv_net_keeps_the_device_layout():
+    # neuron convolutions return contiguous outputs whatever their inputs'
+    # layout, so no channels-last conversions: one fused kernel per conv block
+    # (batch norm, ReLU, pooling), none converting inputs or weights
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2)).eval()
+    x = torch.randn(4, 3, 16, 16)
+    cm = torch.compile(copy.deepcopy(model).to(DEV), backend="neuron")
+    torchneuron.clear_op_tracking()
+    with torch.no_grad():
+        out = cm(x.to(DEV))
+        _close(out, model(x), atol=1e-5)
+    ops = torchneuron.get_executed_ops()
+    assert ops.get("aten::convolution") == 2, ops
+    assert len([k for k in ops if k.startswith("compiled::")]) == 2, ops
 
 
 def test_gpt_training_fullgraph():
@@ -330,6 +348,49 @@ def test_compiled_kernel_error_is_raised_not_a_crash():
     with pytest.raises(RuntimeError, match="out of bounds|index"):
         f(w, torch.tensor([1, 9], device=DEV))
         torch.neuron.synchronize()
+
+
+def test_float_and_host_scalar_kernels_run_without_python():
+    # Kernels with a float argument (an unbacked float from .item()) or a host
+    # scalar (a 0-dim CPU tensor: a Python float Dynamo passes as a float64
+    # tensor, or the caller's own) are called through their C entry points,
+    # like the others, never through their Python bindings (GIL).
+    def f(a, b, c, d, e, g, t, s):
+        # one kernel: 7 pointers (more than the 6 integer argument registers
+        # of x86-64), a float and a host scalar
+        return ((a + b * c - d) * e / g).clamp(max=t.item()) * s + s
+
+    xs = [torch.randn(64) for _ in range(6)]
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        cf = torch.compile(f, backend="neuron")
+        for v, s in ((0.5, 2.0), (0.25, -3.0), (1.5, 0.75)):
+            t = torch.tensor(v)
+            _close(cf(*[x.to(DEV) for x in xs], t.to(DEV), s), f(*xs, t, s), atol=1e-5)
+    assert tnc.launch.stats["entry_point"] >= 3 and tnc.launch.stats["binding"] == 0, dict(tnc.launch.stats)
+
+    # the caller's 0-dim CPU tensor: read when the call queues the kernel
+    # (program order), though the kernel runs after queued device work
+    g = torch.compile(lambda x, k: (x * k).relu(), backend="neuron")
+    x, k = torch.randn(256, 256, device=DEV), torch.tensor(2.0)
+    g(x, k)
+    torch.neuron.synchronize()
+    busy = [x @ x for _ in range(4)]
+    y = g(x, k)
+    k.fill_(-1.0)
+    _close(y, (x.cpu() * 2).relu())
+    del busy
+
+    # replayed (mode="reduce-overhead"): the Python float as the graph's host scalar input
+    def h(x, s):
+        return (x * s).relu() + s
+
+    ch = torch.compile(h, backend="neuron", mode="reduce-overhead")
+    x = torch.randn(64, device=DEV)
+    for s in (0.5, 0.7, 1.5, 2.5, -3.0):
+        _close(ch(x, s), h(x.cpu(), s), atol=1e-6)
+    assert tnc.replay.stats["replays"] >= 2, dict(tnc.replay.stats)
+    assert tnc.replay.stats["binding_steps"] == 0 and tnc.launch.stats["binding"] == 0, \
+        (dict(tnc.replay.stats), dict(tnc.launch.stats))
 
 
 # ------------------------------------------------------------------ streams, random

@@ -15,8 +15,6 @@
 #include "device_state.h"
 #include "op_tracking.h"
 #include "ops/aliases.h"
-#include "python_tasks.h"
-
 namespace py = pybind11;
 
 namespace torchneuron {
@@ -58,10 +56,12 @@ struct CompiledReplay::Program {
   struct Step {
     Kind kind;
     std::string name;
-    // Kernel: entry point, arguments, and (position, dynamic slot, byte offset)
+    // Kernel: entry point, arguments, (position, dynamic slot, byte offset),
+    // and (position, constant host scalar)
     int64_t fn = 0;
-    std::vector<int64_t> args;
+    KernelArgs args;
     std::vector<std::tuple<int64_t, int64_t, int64_t>> ptr_patches;
+    std::vector<std::pair<int64_t, HostScalar>> scalars;
     // Op: the operator, its argument stack with the static tensors in place
     std::optional<c10::OperatorHandle> op;
     c10::Stack stack;
@@ -92,9 +92,10 @@ struct CompiledReplay::Program {
                 std::vector<int64_t>& scratch) const {
     switch (s.kind) {
       case Kind::Kernel: {
-        scratch.assign(s.args.begin(), s.args.end());
+        scratch.assign(s.args.ints.begin(), s.args.ints.end());
         for (const auto& [pos, slot, rel] : s.ptr_patches) scratch[pos] = ptrs[slot] + rel;
-        call_cpp_kernel(s.fn, scratch);
+        for (const auto& [pos, v] : s.scalars) scratch[pos] = v.address();
+        call_cpp_kernel(s.fn, scratch, s.args.floats);
         return;
       }
       case Kind::Op: {
@@ -123,8 +124,12 @@ struct CompiledReplay::Program {
     }
   }
 
-  // The task: every step in order, on the executor thread.
-  void run(const std::vector<int64_t>& ptrs, const std::vector<at::Tensor>& hosts) {
+  // The task: every step in order, on the executor thread. `scalars`: the
+  // values of the 0-dim CPU inputs (dynamic slot, copy), which the kernels
+  // read through `ptrs`.
+  void run(std::vector<int64_t>& ptrs, const std::vector<at::Tensor>& hosts,
+           const std::vector<std::pair<int64_t, HostScalar>>& scalars) {
+    for (const auto& [slot, v] : scalars) ptrs[slot] = v.address();
     auto below = below_autograd();
     std::vector<int64_t> scratch;
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -149,21 +154,31 @@ CompiledReplay::CompiledReplay(std::string name, c10::DeviceIndex device, std::v
   p.outputs = std::move(outputs);
 }
 
-void CompiledReplay::add_kernel(std::string name, int64_t fn, std::vector<int64_t> args,
-                                std::vector<std::pair<int64_t, ReplayRef>> patches) {
+void CompiledReplay::add_kernel(std::string name, int64_t fn, KernelArgs args,
+                                std::vector<std::pair<int64_t, ReplayRef>> patches,
+                                const std::vector<std::pair<int64_t, at::Tensor>>& scalars) {
   auto& p = *program_;
   TORCH_CHECK(!p.launched, p.name, ": steps are added before the first replay");
   TORCH_CHECK(fn != 0, p.name, ": kernel ", name, " has no entry point");
+  TORCH_CHECK(args.floats.size() <= kMaxKernelFloats, p.name, ": kernel ", name, " has ", args.floats.size(),
+              " float arguments, at most ", kMaxKernelFloats, " supported");
   Program::Step s{Program::Kind::Kernel, std::move(name)};
   s.fn = fn;
   s.args = std::move(args);
+  const auto check_pos = [&](int64_t pos) {
+    TORCH_CHECK(pos >= 0 && pos < int64_t(s.args.ints.size()), p.name, ": kernel argument ", pos, " out of range");
+  };
   for (auto& [pos, ref] : patches) {
-    TORCH_CHECK(pos >= 0 && pos < int64_t(s.args.size()), p.name, ": kernel argument ", pos, " out of range");
+    check_pos(pos);
     if (ref.is_static) {   // device memory is host-addressable: the pointer is fixed for good
-      s.args[pos] = reinterpret_cast<int64_t>(p.statics.at(ref.slot).data_ptr()) + ref.rel;
+      s.args.ints[pos] = reinterpret_cast<int64_t>(p.statics.at(ref.slot).data_ptr()) + ref.rel;
     } else {
       s.ptr_patches.emplace_back(pos, ref.slot, ref.rel);
     }
+  }
+  for (const auto& [pos, t] : scalars) {
+    check_pos(pos);
+    s.scalars.emplace_back(pos, HostScalar(t));
   }
   p.steps.push_back(std::move(s));
 }
@@ -245,15 +260,18 @@ std::optional<std::vector<at::Tensor>> CompiledReplay::launch(const std::vector<
       if (p.needs_hosts) hosts.push_back(host_alias(t));
     }
   }
+  std::vector<std::pair<int64_t, HostScalar>> scalars;
   for (const auto& t : cpu_inputs) {
     TORCH_CHECK(t.is_cpu(), p.name, ": expected CPU inputs, got ", t.device());
+    if (t.dim() == 0) scalars.emplace_back(ptrs.size(), HostScalar(t));   // the address is set by the task
     ptrs.push_back(reinterpret_cast<int64_t>(t.data_ptr()));
     if (p.needs_hosts) hosts.push_back(t);   // host memory: kept alive by the task
   }
   record_execution(c10::OperatorName(p.name, ""), Execution::Queued);
   translate_errors([&] {
     current_runtime_stream(p.device).enqueue(
-        p.name, [prog = program_, ptrs = std::move(ptrs), hosts = std::move(hosts)]() { prog->run(ptrs, hosts); });
+        p.name, [prog = program_, ptrs = std::move(ptrs), hosts = std::move(hosts), scalars = std::move(scalars)]()
+                    mutable { prog->run(ptrs, hosts, scalars); });
   });
 
   std::vector<at::Tensor> results;
@@ -367,14 +385,15 @@ void bind_compiled_replay(py::module_& m) {
            }),
            py::arg("name"), py::arg("device"), py::arg("statics"), py::arg("outputs"))
       .def("add_kernel",
-           [](CompiledReplay& self, std::string name, int64_t fn, std::vector<int64_t> args,
-              const py::list& patches) {
+           [](CompiledReplay& self, std::string name, int64_t fn, std::vector<int64_t> ints,
+              std::vector<float> floats, const py::list& patches,
+              const std::vector<std::pair<int64_t, at::Tensor>>& scalars) {
              std::vector<std::pair<int64_t, ReplayRef>> ps;
              for (auto pt : patches) {
                auto t = pt.cast<py::tuple>();
                ps.emplace_back(t[0].cast<int64_t>(), ref_from(t[1]));
              }
-             self.add_kernel(std::move(name), fn, std::move(args), std::move(ps));
+             self.add_kernel(std::move(name), fn, {std::move(ints), std::move(floats)}, std::move(ps), scalars);
            })
       .def("add_op",
            [](CompiledReplay& self, std::string name, const std::string& op, const std::string& overload,

@@ -1,7 +1,8 @@
 // mode="reduce-overhead" replay in C++: the device work recorded for one
 // compiled graph (torchneuron/compile/replay.py) as a list of C++ steps that
 // ONE device task runs in order, with no Python and no GIL on the executor
-// thread (except for the rare step that needs a Python binding).
+// thread (except for the rare step that needs a Python binding: a kernel with
+// more float arguments than the C call path takes).
 //
 // Where a tensor argument lives is a `ReplayRef`: a dynamic slot (changes per
 // call: the graph's neuron inputs, its fresh outputs, then its CPU inputs, in
@@ -20,6 +21,8 @@
 #include <ATen/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+
+#include "python_tasks.h"
 
 namespace pybind11 {
 class module_;
@@ -56,9 +59,13 @@ class CompiledReplay {
   void set_results(std::vector<ReplayRef> results);
 
   // A generated C++ kernel: entry point `fn` called with `args`, where the
-  // arguments at `patches[i].first` become the data pointer of `patches[i].second`.
-  void add_kernel(std::string name, int64_t fn, std::vector<int64_t> args,
-                  std::vector<std::pair<int64_t, ReplayRef>> patches);
+  // integer-class arguments at `patches[i].first` become the data pointer of
+  // `patches[i].second` and those at `scalars[i].first` a pointer to a copy
+  // of `scalars[i].second` (a 0-dim CPU tensor, a constant of the graph).
+  // A dynamic slot holding a 0-dim CPU input points to a copy of its value
+  // taken at launch (python_tasks.h: HostScalar).
+  void add_kernel(std::string name, int64_t fn, KernelArgs args, std::vector<std::pair<int64_t, ReplayRef>> patches,
+                  const std::vector<std::pair<int64_t, at::Tensor>>& scalars);
   // An ATen operator called boxed with `stack` (its arguments, the tensors
   // among them left undefined), where argument `arg` (element `elem` of a
   // tensor list, or -1) is the CPU alias of `ref`. `copies`: returns

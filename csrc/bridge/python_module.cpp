@@ -109,10 +109,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
   // Generated C++ kernels of torch.compile (torchneuron/compile/launch.py).
-  m.def("_launch_cpp_kernel", &launch_cpp_kernel, py::arg("fn"), py::arg("name"), py::arg("device"),
-        py::arg("args"));
-  m.def("_call_cpp_kernel", &call_cpp_kernel, py::arg("fn"), py::arg("args"),
-        py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_launch_cpp_kernel",
+      [](int64_t fn, const std::string& name, int device, std::vector<int64_t> ints, std::vector<float> floats,
+         const std::vector<std::pair<int64_t, at::Tensor>>& scalars) {
+        launch_cpp_kernel(fn, name, static_cast<c10::DeviceIndex>(device), {std::move(ints), std::move(floats)},
+                          scalars);
+      },
+      py::arg("fn"), py::arg("name"), py::arg("device"), py::arg("ints"), py::arg("floats"), py::arg("scalars"));
+  m.attr("_max_kernel_ints") = kMaxKernelInts;
+  m.attr("_max_kernel_floats") = kMaxKernelFloats;
   // mode="reduce-overhead" replays (torchneuron/compile/replay.py).
   bind_compiled_replay(m);
 }

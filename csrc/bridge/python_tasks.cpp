@@ -20,11 +20,14 @@
 // Generated C++ kernels of torch.compile (Inductor's `extern "C" void
 // kernel(T0 a0, ...)`) need no Python at all (python_tasks.h):
 //   launch_cpp_kernel   queues ONE task calling the kernel's entry point with
-//                       the given integer/pointer arguments (no GIL taken);
-//   call_cpp_kernel     calls it on this thread (the caller releases the GIL).
+//                       the given pointer/integer/float arguments and copies
+//                       of its host scalars (no GIL taken);
+//   call_cpp_kernel     calls it on this thread (compiled_replay.cpp).
 #include "python_tasks.h"
 
+#include <algorithm>
 #include <array>
+#include <cstring>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -66,23 +69,33 @@ void launch_python_task(int64_t call, c10::string_view name, at::TensorList tens
   });
 }
 
-// Every argument of an Inductor C++ kernel we call this way is a pointer or
-// an int64_t (the launcher checks; float arguments keep the Python binding).
-// Both are passed in the same integer registers / 8-byte stack slots by the
-// x86-64 SysV and AArch64 calling conventions, so a kernel taking N of them
-// can be called through `void(*)(int64_t x N)`.
-constexpr size_t kMaxKernelArgs = 64;
-using Caller = void (*)(void*, const int64_t*);
+// Every argument of an Inductor C++ kernel is a pointer, an int64_t or a
+// float (the binding's own argument parser accepts nothing else). The x86-64
+// SysV and AArch64 calling conventions give pointers and integers the integer
+// registers in order and floats the FP registers in order (8 of them on
+// both), and pass the arguments that find no register on the stack in
+// argument order, 8 bytes each. While every float fits in a register, only
+// the order within each class matters: a kernel with N integer-class
+// arguments and up to 8 floats, interleaved in any way, can be called through
+// `void(*)(float x 8, int64_t x N)`. Arguments the callee does not take are
+// ignored: FP registers, and (the caller owns the stack arguments in both
+// conventions) trailing stack slots. So up to kExactArgs integer-class
+// arguments a kernel gets exactly its count; longer ones (foreach kernels
+// over many parameters) go through the next of a few longer signatures,
+// padded with zeros.
+constexpr size_t kExactArgs = 64;
+constexpr std::array<size_t, 4> kPaddedArgs = {128, 256, 512, kMaxKernelInts};
+using Caller = void (*)(void*, const int64_t*, const float*);
 
 template <size_t... I>
-void call_with(void* fn, const int64_t* a, std::index_sequence<I...>) {
-  using Fn = void (*)(decltype((void)I, int64_t{})...);
-  reinterpret_cast<Fn>(fn)(a[I]...);
+void call_with(void* fn, const int64_t* a, const float* f, std::index_sequence<I...>) {
+  using Fn = void (*)(float, float, float, float, float, float, float, float, decltype((void)I, int64_t{})...);
+  reinterpret_cast<Fn>(fn)(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], a[I]...);
 }
 
 template <size_t N>
-void call_n(void* fn, const int64_t* a) {
-  call_with(fn, a, std::make_index_sequence<N>{});
+void call_n(void* fn, const int64_t* a, const float* f) {
+  call_with(fn, a, f, std::make_index_sequence<N>{});
 }
 
 template <size_t... N>
@@ -90,25 +103,60 @@ constexpr std::array<Caller, sizeof...(N)> caller_table(std::index_sequence<N...
   return {&call_n<N>...};
 }
 
-constexpr auto kCallers = caller_table(std::make_index_sequence<kMaxKernelArgs + 1>{});
+constexpr auto kCallers = caller_table(std::make_index_sequence<kExactArgs + 1>{});
+constexpr std::array<Caller, kPaddedArgs.size()> kPaddedCallers = {
+    &call_n<kPaddedArgs[0]>, &call_n<kPaddedArgs[1]>, &call_n<kPaddedArgs[2]>, &call_n<kPaddedArgs[3]>};
+static_assert(kMaxKernelFloats == 8, "call_with passes 8 float registers");
+
+void check_kernel_args(const std::string& name, size_t ints, size_t floats) {
+  TORCH_CHECK(ints <= kMaxKernelInts, name, ": ", ints, " pointer and integer arguments, at most ", kMaxKernelInts,
+              " supported");
+  TORCH_CHECK(floats <= kMaxKernelFloats, name, ": ", floats, " float arguments, at most ", kMaxKernelFloats,
+              " supported");
+}
 
 } // namespace
 
-void call_cpp_kernel(int64_t fn, const std::vector<int64_t>& args) {
-  TORCH_CHECK(fn != 0, "compiled kernel: null entry point");
-  TORCH_CHECK(args.size() <= kMaxKernelArgs, "compiled kernel: ", args.size(), " arguments, at most ",
-              kMaxKernelArgs, " supported");
-  kCallers[args.size()](reinterpret_cast<void*>(fn), args.data());
+HostScalar::HostScalar(const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.dim() == 0 && t.element_size() <= static_cast<int64_t>(bytes.size()),
+              "compiled kernel: a host scalar must be a 0-dim CPU tensor of at most ", bytes.size(),
+              " bytes, got ", t.device(), " ", t.sizes(), " ", t.scalar_type());
+  std::memcpy(bytes.data(), t.const_data_ptr(), t.element_size());
 }
 
-void launch_cpp_kernel(int64_t fn, const std::string& name, c10::DeviceIndex device, std::vector<int64_t> args) {
-  TORCH_CHECK(args.size() <= kMaxKernelArgs, name, ": ", args.size(), " arguments, at most ", kMaxKernelArgs,
-              " supported");
+void call_cpp_kernel(int64_t fn, const std::vector<int64_t>& ints, const std::vector<float>& floats) {
+  TORCH_CHECK(fn != 0, "compiled kernel: null entry point");
+  check_kernel_args("compiled kernel", ints.size(), floats.size());
+  std::array<float, kMaxKernelFloats> f{};
+  std::copy(floats.begin(), floats.end(), f.begin());
+  if (ints.size() <= kExactArgs) {
+    kCallers[ints.size()](reinterpret_cast<void*>(fn), ints.data(), f.data());
+    return;
+  }
+  const size_t k = std::find_if(kPaddedArgs.begin(), kPaddedArgs.end(), [&](size_t n) { return n >= ints.size(); }) -
+                   kPaddedArgs.begin();
+  std::vector<int64_t> padded(kPaddedArgs[k], 0);
+  std::copy(ints.begin(), ints.end(), padded.begin());
+  kPaddedCallers[k](reinterpret_cast<void*>(fn), padded.data(), f.data());
+}
+
+void launch_cpp_kernel(int64_t fn, const std::string& name, c10::DeviceIndex device, KernelArgs args,
+                       const std::vector<std::pair<int64_t, at::Tensor>>& scalars) {
+  check_kernel_args(name, args.ints.size(), args.floats.size());
+  std::vector<std::pair<int64_t, HostScalar>> values;
+  for (const auto& [pos, t] : scalars) {
+    TORCH_CHECK(pos >= 0 && pos < int64_t(args.ints.size()), name, ": host scalar argument ", pos, " out of range");
+    values.emplace_back(pos, HostScalar(t));
+  }
   if (device < 0) device = current_device();
   c10::DeviceGuard guard(c10::Device(kNeuron, device));
   record_execution(c10::OperatorName(name, ""), Execution::Queued);
   translate_errors([&] {
-    current_runtime_stream(device).enqueue(name, [fn, args = std::move(args)]() { call_cpp_kernel(fn, args); });
+    current_runtime_stream(device).enqueue(name, [fn, args = std::move(args), values = std::move(values)]() mutable {
+      // (the copies' addresses are final only now, inside the task)
+      for (const auto& [pos, v] : values) args.ints[pos] = v.address();
+      call_cpp_kernel(fn, args.ints, args.floats);
+    });
   });
 }
 

@@ -6,13 +6,17 @@ The wrapper code Inductor generates for a ``neuron`` graph calls
 stream of the tensors' device and returns at once.
 
 ``kernel`` is Inductor's Python binding of a C++ function ``extern "C" void
-kernel(...)`` in a shared object of its cache. When every argument is a
-pointer or an int64 (tensors on ``neuron``, no host scalars: nearly every
-kernel), the task calls that C entry point directly with the tensors' data
-pointers (host-addressable device memory): no Python and no GIL on the
-executor thread (``torchneuron._C._launch_cpp_kernel``, csrc/bridge/python_tasks.cpp).
-Otherwise the task calls the Python binding with CPU aliases of the tensors
-(torchneuron/_python_tasks.py), taking the GIL while the kernel runs.
+kernel(...)`` in a shared object of its cache. Its arguments are pointers
+(tensors on ``neuron``; 0-dim CPU tensors, host scalars such as the Python
+floats Dynamo passes as tensors), ``int64_t`` and ``float``. The task calls
+that C entry point directly (``torchneuron._C._launch_cpp_kernel``,
+csrc/bridge/python_tasks.cpp) with the tensors' data pointers
+(host-addressable device memory) and a pointer to a copy of each host
+scalar's value taken here: no Python and no GIL on the executor thread. Only
+a kernel the C call path cannot take (more than 8 float or 1024 other
+arguments, or no entry point found) is run by a Python task calling the binding with CPU
+aliases of the tensors (torchneuron/_python_tasks.py), taking the GIL while
+the kernel runs; ``stats`` counts both.
 
 Neither keeps references to the ``neuron`` tensors: buffers the wrapper frees
 are reused in stream order, as in eager mode. So a compiled graph is ordered
@@ -20,6 +24,7 @@ with eager work like any operator, and the host runs ahead.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import threading
 
@@ -30,6 +35,9 @@ from .._python_tasks import launch as python_task
 
 _entry_points: dict = {}   # Python binding -> address of its C entry point (or 0)
 _local = threading.local()  # .recorder: a replay.Recorder while a graph is being recorded
+#: kernel tasks queued: "entry_point" (called from C++, no GIL), "binding"
+#: (a Python task calling the kernel's binding, with the GIL)
+stats: collections.Counter = collections.Counter()
 
 
 def entry_point(kernel) -> int:
@@ -46,20 +54,48 @@ def entry_point(kernel) -> int:
     return addr
 
 
-def int_args(args) -> list[int] | None:
-    """The kernel arguments as the C entry point takes them (tensors by data
-    pointer), or None if one of them is not a pointer or an int64."""
-    out = []
+#: the most pointer/integer and float arguments the C call path takes
+#: (csrc/bridge/python_tasks.cpp: every float must fit in a register)
+MAX_INT_ARGS, MAX_FLOAT_ARGS = _C._max_kernel_ints, _C._max_kernel_floats
+
+
+class CArgs:
+    """A kernel's arguments as its C entry point takes them, split by the
+    register class the calling convention gives them: ``ints`` (pointers and
+    int64 in order; tensors by data pointer, host scalars as 0 for now),
+    ``floats`` (in order), ``scalars`` = [(index in ints, 0-dim CPU tensor)]
+    passed by pointer to a copy of the value. ``pos[i]``: argument i's index
+    in ``ints`` (None for a float)."""
+    __slots__ = ("ints", "floats", "scalars", "pos")
+
+    def __init__(self):
+        self.ints, self.floats, self.scalars, self.pos = [], [], [], []
+
+
+def c_args(args) -> CArgs | None:
+    """The kernel arguments for its C entry point, or None if one of them
+    cannot go that way (the binding's parser takes only pointers, int64 and
+    float, so a Python float is a ``float`` parameter)."""
+    out = CArgs()
     for a in args:
         if isinstance(a, torch.Tensor):
-            if a.device.type != "neuron":   # a host scalar: the binding's task keeps it alive
+            out.pos.append(len(out.ints))
+            if a.device.type == "neuron":
+                out.ints.append(a.data_ptr())
+            elif a.device.type == "cpu" and a.dim() == 0:
+                out.scalars.append((len(out.ints), a))
+                out.ints.append(0)
+            else:
                 return None
-            out.append(a.data_ptr())
         elif type(a) is int or type(a) is bool:
-            out.append(int(a))
-        else:  # float scalars: the binding converts them
+            out.pos.append(len(out.ints))
+            out.ints.append(int(a))
+        elif type(a) is float:
+            out.pos.append(None)
+            out.floats.append(a)
+        else:
             return None
-    return out
+    return out if len(out.ints) <= MAX_INT_ARGS and len(out.floats) <= MAX_FLOAT_ARGS else None
 
 
 def recorder():
@@ -84,10 +120,12 @@ def launch(kernel, name: str, *args) -> None:
         kernel(*args)
         return
     fn = entry_point(kernel)
-    ints = int_args(args) if fn else None
-    if ints is not None:
-        _C._launch_cpp_kernel(fn, f"compiled::{name}", device, ints)
+    c = c_args(args) if fn else None
+    if c is not None:
+        stats["entry_point"] += 1
+        _C._launch_cpp_kernel(fn, f"compiled::{name}", device, c.ints, c.floats, c.scalars)
         return
+    stats["binding"] += 1
     # The Python binding, on CPU aliases of the same device memory (the
     # kernel only takes their data pointers); 0-dim CPU tensors are kept alive
     # by the template until the task ran.

@@ -16,9 +16,9 @@ step are two graphs) is wrapped in a :class:`ReplayGraph`:
    recorded steps in C++ (csrc/bridge/compiled_replay.cpp): kernels through
    their C entry points, ATen operators as boxed calls whose argument stacks
    were built at recording, on CPU aliases of device memory. No Python and
-   no GIL on the executor thread (except for a kernel with float arguments,
-   called through its Python binding). The host does no per-kernel work: it
-   allocates the outputs and queues the task.
+   no GIL on the executor thread (except for the rare kernel the C call
+   path cannot take, called through its Python binding: launch.py). The
+   host does no per-kernel work: it allocates the outputs and queues the task.
 
 Memory, as with CUDA graphs: intermediate buffers are allocated once at
 recording and reused by every replay (they stay reserved while the compiled
@@ -55,7 +55,9 @@ WARMUP_CALLS = 1      # normal calls per signature before recording
 MAX_RECORDINGS = 8    # signatures recorded per graph; more run normally
 
 #: counters: "recordings", "replays", "normal_calls" (calls of a recorded
-#: graph that ran normally), "not_recordable" (graphs that cannot be recorded)
+#: graph that ran normally), "not_recordable" (graphs that cannot be recorded),
+#: "binding_steps" (recorded kernels that a replay calls through their Python
+#: binding, taking the GIL)
 stats: collections.Counter = collections.Counter()
 #: graph name -> why it runs without replay
 reasons: dict[str, str] = {}
@@ -100,18 +102,21 @@ class _Slot:
 
 class _Step:
     """One recorded piece of device work. ``kind``: "cpp" (a C entry point:
-    ``fn`` its address, ``args`` its integer arguments), "binding" (the
-    Python binding ``fn`` of a kernel with float arguments: ``args`` its
-    arguments), "op" (an ATen operator ``fn`` called with ``args``/``kwargs``).
-    Tensor arguments are None in ``args``/``kwargs`` and written down in
-    ``refs`` = [(argument, list element or -1, ref)] (for kernels, the
-    argument position); ``copies`` = [(return, element or -1, ref)]: returns
-    of an operator that are new tensors, copied into the memory recorded for them."""
-    __slots__ = ("kind", "name", "fn", "args", "kwargs", "refs", "copies")
+    ``fn`` its address, ``args`` its (integer-class, float) arguments as
+    launch.c_args splits them, ``scalars`` = [(integer position, 0-dim CPU
+    tensor)] its constant host scalars), "binding" (the Python binding ``fn``
+    of a kernel the C call path cannot take: ``args`` its arguments), "op"
+    (an ATen operator ``fn`` called with ``args``/``kwargs``). Tensor
+    arguments are None in ``args``/``kwargs`` and written down in ``refs`` =
+    [(argument, list element or -1, ref)] (for kernels, the argument's
+    position: in the integer arguments for "cpp"); ``copies`` = [(return,
+    element or -1, ref)]: returns of an operator that are new tensors, copied
+    into the memory recorded for them."""
+    __slots__ = ("kind", "name", "fn", "args", "kwargs", "refs", "copies", "scalars")
 
-    def __init__(self, kind, name, fn, args, kwargs=None, refs=(), copies=()):
+    def __init__(self, kind, name, fn, args, kwargs=None, refs=(), copies=(), scalars=()):
         self.kind, self.name, self.fn, self.args, self.kwargs = kind, name, fn, args, kwargs or {}
-        self.refs, self.copies = list(refs), list(copies)
+        self.refs, self.copies, self.scalars = list(refs), list(copies), list(scalars)
 
 
 class Recorder(TorchDispatchMode):
@@ -194,9 +199,13 @@ class Recorder(TorchDispatchMode):
             fn = _launch.entry_point(kernel)
             refs = []
             template = [self._encode(i, a, refs) for i, a in enumerate(args)]
-            if fn and _launch.int_args(args) is not None:
-                self.steps.append(_Step("cpp", name, fn, [0 if a is None else int(a) for a in template],
-                                        refs=refs))
+            c = _launch.c_args(args) if fn else None
+            if c is not None:
+                # tensors the replay fills in are in refs; those left in the
+                # template are constant host scalars
+                scalars = [(c.pos[i], v) for i, v in enumerate(template) if isinstance(v, torch.Tensor)]
+                self.steps.append(_Step("cpp", name, fn, (c.ints, c.floats), scalars=scalars,
+                                        refs=[(c.pos[i], e, r) for i, e, r in refs]))
             else:
                 self.steps.append(_Step("binding", name, kernel, template, refs=refs))
         except NotRecordable as e:
@@ -298,12 +307,14 @@ class Recording:
         for step in rec.steps:
             refs = [(a, e, self._where(r)) for a, e, r in step.refs]
             if step.kind == "cpp":
-                self.native.add_kernel(step.name, step.fn, step.args, [(a, r) for a, _, r in refs])
+                ints, floats = step.args
+                self.native.add_kernel(step.name, step.fn, ints, floats, [(a, r) for a, _, r in refs], step.scalars)
             elif step.kind == "op":
                 op, _, overload = step.fn.name().partition(".")
                 self.native.add_op(step.name, op, overload, step.args, step.kwargs, refs,
                                    [(j, e, self._where(r)) for j, e, r in step.copies])
             else:
+                stats["binding_steps"] += 1
                 self.native.add_python(step.name, functools.partial(_call_binding, step.fn, step.args, refs))
         # What the graph returns: tensors come from the C++ launch; other
         # values (rare: a constant) are kept here and merged in per call.
@@ -347,7 +358,7 @@ class Recording:
 
 
 def _call_binding(kernel, template, refs, dyn, static) -> None:
-    """A kernel step through its Python binding (float arguments), on host aliases."""
+    """A kernel step through its Python binding (one the C call path cannot take), on host aliases."""
     call = list(template)
     for pos, _, (is_static, k, rel, size, stride, dtype) in refs:
         base = static[k] if is_static else dyn[k]
