@@ -92,26 +92,33 @@ std::string mib(double bytes) {
 }
 
 // Merges a free block with its free neighbours and returns it to its pool.
+// A neighbour's pool node is taken out whole and reused for the merged block:
+// blocks of a segment share a pool, and a tiny operator's alloc/free pair
+// then costs the pool no tree-node allocation.
 void release_block(DeviceCache& c, Block* b) {
   decrease(c, b->large, &DeviceStats::active, 1);
   decrease(c, b->large, &DeviceStats::active_bytes, b->size);
   trace(c, "free_completed", b->ptr, b->size, b->stream);
+  auto& pool = c.pool(b);
+  decltype(pool.extract(b)) node;
   if (Block* n = b->next; n && !n->allocated && n->pending_events == 0) {
-    c.pool(n).erase(n);
+    node = pool.extract(n);
     b->size += n->size;
     b->next = n->next;
     if (n->next) n->next->prev = b;
     delete n;
   }
   if (Block* p = b->prev; p && !p->allocated && p->pending_events == 0) {
-    c.pool(p).erase(p);
+    node = pool.extract(p);
     p->size += b->size;
     p->next = b->next;
     if (b->next) b->next->prev = p;
     delete b;
     b = p;
   }
-  c.pool(b).insert(b);
+  if (node.empty()) return void(pool.insert(b));
+  node.value() = b;
+  pool.insert(std::move(node));
 }
 
 void process_deferred(DeviceCache& c, bool all_done) {
@@ -182,9 +189,10 @@ Block* malloc_block(int device, int stream, size_t requested) {
   key.stream = stream;
   key.size = size;
   Block* b;
+  decltype(pool.extract(pool.begin())) node;  // reused for the split-off tail, if any
   if (auto it = pool.lower_bound(&key); it != pool.end() && (*it)->stream == stream) {
     b = *it;
-    pool.erase(it);
+    node = pool.extract(it);
   } else {
     size_t seg = !large ? kSmallSegment
                : size < kMinLargeAlloc ? kLargeSegment
@@ -209,7 +217,12 @@ Block* malloc_block(int device, int stream, size_t requested) {
     if (b->next) b->next->prev = tail;
     b->next = tail;
     b->size = size;
-    pool.insert(tail);
+    if (node.empty()) {
+      pool.insert(tail);
+    } else {
+      node.value() = tail;
+      pool.insert(std::move(node));
+    }
   }
   b->allocated = true;
   b->requested = requested;

@@ -14,7 +14,7 @@ std::string name_of(const c10::OperatorName& op) {
 
 struct Tracker {
   std::mutex mu;
-  std::unordered_map<c10::OperatorName, std::pair<int64_t, int64_t>> counts;  // executed, fallback
+  std::unordered_map<c10::OperatorName, OpCounter> counts;  // node-based: slots never move
   std::unordered_set<c10::OperatorName> warned;
   std::map<std::string, int64_t> fused;
   int64_t groups = 0;
@@ -28,13 +28,13 @@ Tracker& tracker() {
 
 } // namespace
 
-void record_execution(const c10::OperatorName& op, Execution how) {
+OpCounter& op_counter(const c10::OperatorName& op) {
   auto& t = tracker();
   std::lock_guard<std::mutex> lock(t.mu);
-  auto& c = t.counts[op];
-  ++c.first;
-  if (how == Execution::Fallback) ++c.second;
+  return t.counts.try_emplace(op).first->second;
 }
+
+void record_execution(const c10::OperatorName& op, Execution how) { record_execution(op_counter(op), how); }
 
 bool first_fallback(const c10::OperatorName& op) {
   auto& t = tracker();
@@ -54,7 +54,8 @@ std::map<std::string, int64_t> executed_ops() {
   auto& t = tracker();
   std::lock_guard<std::mutex> lock(t.mu);
   std::map<std::string, int64_t> out;
-  for (auto& [op, c] : t.counts) out[name_of(op)] += c.first;
+  for (auto& [op, c] : t.counts)
+    if (int64_t n = c.executed.load(std::memory_order_relaxed)) out[name_of(op)] += n;
   return out;
 }
 
@@ -63,7 +64,7 @@ std::map<std::string, int64_t> fallback_ops() {
   std::lock_guard<std::mutex> lock(t.mu);
   std::map<std::string, int64_t> out;
   for (auto& [op, c] : t.counts)
-    if (c.second) out[name_of(op)] += c.second;
+    if (int64_t n = c.fallback.load(std::memory_order_relaxed)) out[name_of(op)] += n;
   return out;
 }
 
@@ -101,7 +102,10 @@ int64_t elided_intermediates() {
 void clear_op_tracking() {
   auto& t = tracker();
   std::lock_guard<std::mutex> lock(t.mu);
-  t.counts.clear();
+  for (auto& [op, c] : t.counts) {  // zeroed, not erased: callers hold the slots
+    c.executed.store(0, std::memory_order_relaxed);
+    c.fallback.store(0, std::memory_order_relaxed);
+  }
   t.fused.clear();
   t.groups = 0;
   t.elided = 0;

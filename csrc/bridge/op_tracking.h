@@ -11,6 +11,8 @@
 
 #include <ATen/core/operator_name.h>
 
+#include <atomic>
+#include <cstdint>
 #include <map>
 #include <string>
 
@@ -18,6 +20,20 @@ namespace torchneuron {
 
 enum class Execution { Queued, Synchronizing, Fallback };
 
+// One operator's counts. A slot is made once per operator name and lives as
+// long as the process (clear_op_tracking zeroes it), so a caller may keep a
+// pointer to it and count each call with an atomic increment: no lock and no
+// hashing of the name on the per-operator path.
+struct OpCounter {
+  std::atomic<int64_t> executed{0};
+  std::atomic<int64_t> fallback{0};
+};
+OpCounter& op_counter(const c10::OperatorName& op);
+
+inline void record_execution(OpCounter& counter, Execution how) {
+  counter.executed.fetch_add(1, std::memory_order_relaxed);
+  if (how == Execution::Fallback) counter.fallback.fetch_add(1, std::memory_order_relaxed);
+}
 void record_execution(const c10::OperatorName& op, Execution how);
 // True the first time a given operator falls back (to warn once).
 bool first_fallback(const c10::OperatorName& op);

@@ -67,9 +67,13 @@ Stream& Device::stream(int id) {
   if (id < 0 || id >= kStreams)
     throw UsageError("stream id " + std::to_string(id) + " is out of range for neuron:" +
                      std::to_string(index()));
+  if (Stream* made = made_[id].load(std::memory_order_acquire)) return *made;
   std::lock_guard<std::mutex> lock(streams_mu_);
   auto& s = streams_[id];
-  if (!s) s = std::make_unique<Stream>(*this, id);
+  if (!s) {
+    s = std::make_unique<Stream>(*this, id);
+    made_[id].store(s.get(), std::memory_order_release);
+  }
   return *s;
 }
 

@@ -71,6 +71,10 @@ class Device {
 
   std::mutex streams_mu_;
   std::array<std::unique_ptr<Stream>, kStreams> streams_;
+  // The same streams, published once made: every operator and every free
+  // looks its stream up, and a made stream lives as long as its device, so
+  // the lookup needs no lock.
+  std::array<std::atomic<Stream*>, kStreams> made_{};
   std::atomic<int> pool_cursor_{0};
 
   std::mutex error_mu_;

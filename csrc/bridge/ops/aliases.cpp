@@ -28,16 +28,21 @@ at::Tensor host_alias(const at::Tensor& t, bool resizable) {
 
 DeferredAlias DeferredAlias::of(const at::Tensor& t) {
   DeferredAlias d;
-  d.data = const_cast<void*>(t.storage().data());
-  d.nbytes = t.storage().nbytes();
-  d.dtype = t.dtype();
-  d.sizes.assign(t.sizes().begin(), t.sizes().end());
-  d.strides.assign(t.strides().begin(), t.strides().end());
-  d.offset = t.storage_offset();
-  d.conj = t.is_conj();
-  d.neg = t.is_neg();
-  d.wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+  d.assign(t);
   return d;
+}
+
+void DeferredAlias::assign(const at::Tensor& t) {
+  const c10::Storage& storage = t.storage();
+  data = const_cast<void*>(storage.data());
+  nbytes = storage.nbytes();
+  dtype = t.dtype();
+  sizes.assign(t.sizes().begin(), t.sizes().end());
+  strides.assign(t.strides().begin(), t.strides().end());
+  offset = t.storage_offset();
+  conj = t.is_conj();
+  neg = t.is_neg();
+  wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
 }
 
 at::Tensor DeferredAlias::make(bool resizable) const {
@@ -61,7 +66,10 @@ at::Tensor meta_alias(const at::Tensor& t) {
 }
 
 at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device) {
-  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  // The allocator serves the current device. Usually it already is `device`
+  // (the operator's guard set it): then no guard, which costs virtual calls.
+  std::optional<c10::DeviceGuard> guard;
+  if (current_device() != device) guard.emplace(c10::Device(kNeuron, device));
   auto* allocator = c10::GetAllocator(kNeuron);
   const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
   if (like.storage_offset() == 0 && !like.is_conj() && !like.is_neg())
@@ -76,8 +84,7 @@ at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device) {
   return out;
 }
 
-c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& fn) {
-  if (v.isTensor()) return fn(v.toTensor());
+c10::IValue map_tensors_in_list(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& fn) {
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
     for (const at::Tensor& t : v.toTensorList()) out.push_back(fn(t));
@@ -93,10 +100,8 @@ c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(con
   return v;
 }
 
-void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& fn) {
-  if (v.isTensor()) {
-    fn(v.toTensor());
-  } else if (v.isTensorList()) {
+void for_each_tensor_in_list(const c10::IValue& v, const std::function<void(const at::Tensor&)>& fn) {
+  if (v.isTensorList()) {
     for (const at::Tensor& t : v.toTensorList()) fn(t);
   } else if (v.isList()) {
     for (const c10::IValue& e : v.toList())

@@ -8,6 +8,8 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <functional>
+
 namespace torchneuron {
 
 // `t` (any device) seen as a CPU tensor over the same memory. Undefined stays
@@ -28,6 +30,7 @@ struct DeferredAlias {
   bool conj = false, neg = false, wrapped = false;
 
   static DeferredAlias of(const at::Tensor& device_tensor);
+  void assign(const at::Tensor& device_tensor);  // becomes of(device_tensor), in place
   at::Tensor make(bool resizable = false) const;
 };
 
@@ -38,9 +41,22 @@ at::Tensor meta_alias(const at::Tensor& t);
 at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device);
 
 // Applies `fn` to every tensor inside an argument or return value (Tensor,
-// Tensor?, Tensor[], Tensor?[]); returns the rewritten value.
-c10::IValue map_tensors(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& fn);
-void for_each_tensor(const c10::IValue& v, const std::function<void(const at::Tensor&)>& fn);
+// Tensor?, Tensor[], Tensor?[]); returns the rewritten value. The common
+// cases are inline: the per-operator path passes lambdas that a std::function
+// would copy to the heap, for every argument.
+c10::IValue map_tensors_in_list(const c10::IValue& list, const std::function<at::Tensor(const at::Tensor&)>& fn);
+void for_each_tensor_in_list(const c10::IValue& list, const std::function<void(const at::Tensor&)>& fn);
+
+template <class F>
+c10::IValue map_tensors(const c10::IValue& v, const F& fn) {
+  if (v.isTensor()) return fn(v.toTensor());
+  return v.isList() ? map_tensors_in_list(v, fn) : v;
+}
+template <class F>
+void for_each_tensor(const c10::IValue& v, const F& fn) {
+  if (v.isTensor()) fn(v.toTensor());
+  else if (v.isList()) for_each_tensor_in_list(v, fn);
+}
 
 // Device tasks run ATen CPU kernels on aliases below autograd: the aliases
 // carry no autograd state and a task must record none.

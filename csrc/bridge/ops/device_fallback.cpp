@@ -30,8 +30,10 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <array>
 #include <mutex>
 #include <unordered_set>
+#include <utility>
 
 #include "../device_state.h"
 #include "../generator.h"
@@ -97,9 +99,10 @@ struct OpTraits {
   bool fusable = false;          // a candidate for adaptive-eager fusion
   bool place_results = false;    // the kernel may compute into device memory (result_placement.h)
   std::optional<c10::OperatorHandle> out_op;  // the out= overload of a functional op
+  OpCounter* counter = nullptr;  // this op's slot in op tracking
 };
 
-OpTraits& traits_for(const c10::OperatorHandle& op) {
+OpTraits& make_traits(const c10::OperatorHandle& op) {
   static std::mutex mu;
   static ska::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OpTraits>> cache;
   const auto& schema = op.schema();
@@ -138,7 +141,24 @@ OpTraits& traits_for(const c10::OperatorHandle& op) {
   t.fusable = is_fusable(schema);
   t.place_results = places_results(name);
   t.out_op = out_variant_of(op);
+  t.counter = &op_counter(schema.operator_name());
   return t;
+}
+
+// Traits live as long as the process, so each thread keeps a direct-mapped
+// table of the operators it called recently: a hit costs no lock and no hash.
+OpTraits& traits_for(const c10::OperatorHandle& op) {
+  struct Recent {
+    const c10::FunctionSchema* schema = nullptr;
+    OpTraits* traits = nullptr;
+  };
+  static thread_local std::array<Recent, 256> recent;
+  const c10::FunctionSchema* schema = &op.schema();
+  // Fibonacci hashing: schemas sit at a fixed offset in large, similarly
+  // aligned objects, so their low bits say little.
+  Recent& r = recent[(reinterpret_cast<uintptr_t>(schema) * 0x9E3779B97F4A7C15ull) >> 56];
+  if (r.schema != schema) r = {schema, &make_traits(op)};
+  return *r.traits;
 }
 
 // What can make a meta kernel and the CPU kernel disagree on result metadata:
@@ -277,18 +297,18 @@ c10::IValue task_arg(const c10::IValue& a, size_t i, const OpTraits& traits, c10
 enum class MetaFailure { None, NoMetaKernel, DataDependent, Other };
 
 MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::ArrayRef<c10::IValue> args,
-                     torch::jit::Stack& meta, std::vector<at::Tensor>& meta_written, bool& observed) {
-  MetaSignature sig;
-  const bool cacheable = meta_signature(op, args, traits.generators, sig);
-  observed = false;
+                     std::shared_ptr<const MetaResult>& result) {
+  // The key is built in per-thread scratch whose words keep their capacity:
+  // a hit allocates nothing.
+  static thread_local MetaSignature scratch;
+  const bool cacheable = meta_signature(op, args, traits.generators, scratch);
   if (cacheable) {
-    if (auto hit = meta_cache_find(sig)) {
-      meta.assign(hit->returns.begin(), hit->returns.end());
-      meta_written = hit->written;
-      observed = hit->observed;
-      return MetaFailure::None;
-    }
+    if ((result = meta_cache_find(scratch))) return MetaFailure::None;
   }
+  MetaSignature sig;  // the meta kernel may reach this thread's scratch again
+  if (cacheable) sig = scratch;
+  torch::jit::Stack meta;
+  std::vector<at::Tensor> meta_written;
   for (size_t i = 0; i < args.size(); ++i) {
     if (is_generator_arg(traits, i)) {
       meta.emplace_back();
@@ -306,7 +326,8 @@ MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::Array
   try {
     auto guard = below_autograd();
     op.callBoxed(&meta);
-    if (cacheable) meta_cache_insert(std::move(sig), MetaResult{{meta.begin(), meta.end()}, meta_written});
+    result = std::make_shared<const MetaResult>(MetaResult{std::move(meta), std::move(meta_written)});
+    if (cacheable) meta_cache_insert(std::move(sig), result);
     return MetaFailure::None;
   } catch (const std::exception& e) {
     what = e.what();
@@ -325,31 +346,99 @@ MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::Array
   return MetaFailure::Other;
 }
 
+// What a queued task gets: host values now, plain device tensors as metadata
+// only (DeferredAlias: the task makes their aliases when it runs).
+struct TaskValues {
+  std::vector<c10::IValue> values;
+  c10::SmallVector<std::pair<size_t, DeferredAlias>, 3> deferred;  // index into values
+  void add(const at::Tensor& device_tensor) {
+    auto& [i, d] = deferred.emplace_back();  // in place: a DeferredAlias is large to move
+    i = values.size();
+    d.assign(device_tensor);
+    values.emplace_back();
+  }
+  void make(bool resizable = false) {
+    for (auto& [i, d] : deferred) values[i] = d.make(resizable);
+    deferred.clear();
+  }
+};
+
+// Everything one queued call hands its task. The host fills it and the
+// executor releases it: glibc's per-thread caches serve such cross-thread
+// pairs only through the locked arena, at hundreds of instructions a block,
+// so records are recycled instead, vectors keeping their capacity.
+struct Launch {
+  TaskValues task_args, outputs;
+};
+
+class LaunchPool {
+ public:
+  Launch* take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        Launch* l = free_.back();
+        free_.pop_back();
+        return l;
+      }
+    }
+    return new Launch();
+  }
+  void give(Launch* l) {
+    for (TaskValues* v : {&l->task_args, &l->outputs}) {
+      v->values.clear();
+      v->deferred.clear();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.size() < kKept) return free_.push_back(l);
+    }
+    delete l;
+  }
+
+ private:
+  static constexpr size_t kKept = 1024;  // about the most tasks a burst keeps in flight
+  std::mutex mu_;
+  std::vector<Launch*> free_;
+};
+
+LaunchPool& launch_pool() {
+  static LaunchPool* pool = new LaunchPool();  // never destroyed: executors may outlive statics
+  return *pool;
+}
+
+// Owns a Launch for the task's closure. std::function wants a copyable
+// callable; queued tasks are only moved, but a copy gets its own record.
+class LaunchRef {
+ public:
+  LaunchRef() : p_(launch_pool().take()) {}
+  LaunchRef(const LaunchRef& o) : p_(launch_pool().take()) { *p_ = *o.p_; }
+  LaunchRef(LaunchRef&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  LaunchRef& operator=(const LaunchRef&) = delete;
+  LaunchRef& operator=(LaunchRef&&) = delete;
+  ~LaunchRef() {
+    if (p_) launch_pool().give(p_);
+  }
+  Launch* operator->() const { return p_; }
+
+ private:
+  Launch* p_;
+};
+
 void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit::Stack* stack,
-                c10::DeviceIndex device, torch::jit::Stack& meta, const std::vector<at::Tensor>& meta_written) {
+                c10::DeviceIndex device, const std::vector<c10::IValue>& meta,
+                const std::vector<at::Tensor>& meta_written) {
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size(), r = schema.returns().size();
   auto args = torch::jit::last(*stack, n);
   for (size_t k = 0; k < traits.written.size(); ++k)
     if (meta_written[k].defined()) adopt_metadata(args[traits.written[k]].toTensor(), meta_written[k]);
 
-  // What the task gets: host values now, plain device tensors as metadata
-  // only (DeferredAlias: the task makes their aliases when it runs).
-  struct TaskValues {
-    std::vector<c10::IValue> values;
-    std::vector<std::pair<size_t, DeferredAlias>> deferred;  // index into values
-    void add(const at::Tensor& device_tensor) {
-      deferred.emplace_back(values.size(), DeferredAlias::of(device_tensor));
-      values.emplace_back();
-    }
-    void make(bool resizable = false) {
-      for (auto& [i, d] : deferred) values[i] = d.make(resizable);
-      deferred.clear();
-    }
-  };
-  std::vector<c10::IValue> results(r);
-  TaskValues outputs, task_args;
-  task_args.values.reserve(n);
+  LaunchRef launch;
+  TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
+  c10::SmallVector<c10::IValue, 4> results(r);
+  outputs.values.reserve(r);
+  task_args.values.reserve(n + r);  // out= calls push their outputs onto it
   bool large = false;  // worth fusing
   const int64_t fusable = min_fusable_numel();
   auto note = [&](const c10::IValue& v) { large |= v.isTensor() && v.toTensor().numel() >= fusable; };
@@ -357,7 +446,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
     if (traits.source[i] >= 0) {
       results[i] = args[traits.source[i]];
     } else {
-      results[i] = map_tensors(meta[i], [&](const at::Tensor& m) { return m.defined() ? empty_like_on(m, device) : m; });
+      auto empty_like = [&](const at::Tensor& m) { return m.defined() ? empty_like_on(m, device) : m; };
+      results[i] = meta[i].isTensor() ? c10::IValue(empty_like(meta[i].toTensor())) : map_tensors(meta[i], empty_like);
       note(results[i]);
       if (results[i].isTensor() && results[i].toTensor().defined())
         outputs.add(results[i].toTensor());
@@ -401,12 +491,13 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   translate_errors([&] {
     stream.enqueue(
         std::move(name),
-        [op, out_op, &traits, task_args = std::move(task_args), outputs = std::move(outputs)]() mutable {
+        [op, out_op, &traits, launch = std::move(launch)] {
+          TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
           auto guard = below_autograd();
           static DropWarnings drop;
           c10::WarningUtils::WarningHandlerGuard quiet(&drop);
           task_args.make();
-          torch::jit::Stack s(std::move(task_args.values));
+          torch::jit::Stack& s = task_args.values;  // in place: the record keeps its capacity
           if (out_op) {
             // Some out= kernels resize their output as scratch (mse_loss.out):
             // they get resizable aliases, and results that moved come back.
@@ -485,21 +576,22 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   auto args = torch::jit::last(*stack, schema.arguments().size());
   const c10::DeviceIndex device = device_of_call(args, traits);
-  c10::DeviceGuard guard(c10::Device(kNeuron, device));
+  std::optional<c10::DeviceGuard> guard;  // a guard's virtual calls only when the device changes
+  if (current_device() != device) guard.emplace(c10::Device(kNeuron, device));
 
   if (traits.is_view) {
-    record_execution(schema.operator_name(), Execution::Queued);
+    record_execution(*traits.counter, Execution::Queued);
     return run_view(op, traits, stack);
   }
   MetaFailure failure = MetaFailure::NoMetaKernel;
   if (traits.tensor_returns && !traits.data_dependent && !traits.no_meta) {
-    torch::jit::Stack meta;
-    std::vector<at::Tensor> meta_written;
-    bool observed;
-    failure = run_meta(op, traits, args, meta, meta_written, observed);
+    std::shared_ptr<const MetaResult> predicted;
+    failure = run_meta(op, traits, args, predicted);
     if (failure == MetaFailure::None) {
-      if (!traits.verify_meta || observed) {
-        record_execution(schema.operator_name(), Execution::Queued);
+      const std::vector<c10::IValue>& meta = predicted->returns;
+      const std::vector<at::Tensor>& meta_written = predicted->written;
+      if (!traits.verify_meta || predicted->observed) {
+        record_execution(*traits.counter, Execution::Queued);
         return run_queued(op, traits, stack, device, meta, meta_written);
       }
       const uint64_t sig = signature_of(args);
@@ -509,7 +601,7 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         if (auto it = traits.meta_agrees.find(sig); it != traits.meta_agrees.end()) agrees = it->second;
       }
       if (agrees.value_or(false)) {
-        record_execution(schema.operator_name(), Execution::Queued);
+        record_execution(*traits.counter, Execution::Queued);
         return run_queued(op, traits, stack, device, meta, meta_written);
       }
       // Unverified or known to disagree: the CPU kernel decides the metadata,
@@ -531,9 +623,9 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
           seen.returns.push_back(traits.source[i] >= 0 ? meta[i] : map_tensors((*stack)[stack->size() - r + i], [](const at::Tensor& t) {
             return meta_alias(t);
           }));
-        meta_cache_insert(std::move(full), std::move(seen));
+        meta_cache_insert(std::move(full), std::make_shared<const MetaResult>(std::move(seen)));
       }
-      record_execution(schema.operator_name(), Execution::Synchronizing);
+      record_execution(*traits.counter, Execution::Synchronizing);
       return;
     }
   }
@@ -548,7 +640,7 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     TORCH_WARN("neuron: ", schema.operator_name(), " cannot be queued (its output sizes are unknown before ",
                "it runs), so it ran synchronously: the host waited for the device. It still ran on device ",
                "memory. See torchneuron.get_fallback_ops().");
-  record_execution(schema.operator_name(), expected_sync ? Execution::Synchronizing : Execution::Fallback);
+  record_execution(*traits.counter, expected_sync ? Execution::Synchronizing : Execution::Fallback);
 }
 
 } // namespace torchneuron::ops

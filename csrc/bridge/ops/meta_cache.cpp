@@ -22,16 +22,20 @@ int64_t bits(double d) {
 
 void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
   if (!t.defined()) return w.push_back(kUndefined);
-  w.push_back(kTensor);
-  w.push_back(static_cast<int64_t>(t.scalar_type()));
-  w.push_back(static_cast<int64_t>(t.device().type()));
-  w.push_back((t.unsafeGetTensorImpl()->is_wrapped_number() ? 1 : 0) | (t.is_conj() ? 2 : 0) |
-              (t.is_neg() ? 4 : 0));
-  w.push_back(t.dim());
-  for (auto s : t.sizes()) w.push_back(s);
-  for (auto s : t.strides()) w.push_back(s);
-  w.push_back(t.storage_offset());
-  w.push_back(t.has_storage() ? static_cast<int64_t>(t.storage().nbytes()) : -1);
+  const auto* impl = t.unsafeGetTensorImpl();
+  const c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+  const size_t dim = sizes.size(), at = w.size();
+  w.resize(at + 7 + 2 * dim);  // one size check, then plain stores
+  int64_t* k = w.data() + at;
+  *k++ = kTensor;
+  *k++ = static_cast<int64_t>(t.scalar_type());
+  *k++ = static_cast<int64_t>(t.device().type());
+  *k++ = (impl->is_wrapped_number() ? 1 : 0) | (t.is_conj() ? 2 : 0) | (t.is_neg() ? 4 : 0);
+  *k++ = static_cast<int64_t>(dim);
+  k = std::copy(sizes.begin(), sizes.end(), k);
+  k = std::copy(strides.begin(), strides.end(), k);
+  *k++ = impl->storage_offset();
+  *k = impl->has_storage() ? static_cast<int64_t>(impl->storage().nbytes()) : -1;
 }
 
 bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
@@ -95,9 +99,9 @@ bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
     if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
     if (!key_value(args[i], out.words)) return false;
   }
-  size_t h = std::hash<const void*>()(out.schema);
-  for (int64_t x : out.words) h ^= std::hash<int64_t>()(x) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  out.hash = h;
+  uint64_t h = reinterpret_cast<uintptr_t>(out.schema);
+  for (int64_t x : out.words) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;  // FNV-style, per word
+  out.hash = static_cast<size_t>(h ^ (h >> 29));
   return true;
 }
 
@@ -108,11 +112,11 @@ std::shared_ptr<const MetaResult> meta_cache_find(const MetaSignature& sig) {
   return it == c.entries.end() ? nullptr : it->second;
 }
 
-void meta_cache_insert(MetaSignature sig, MetaResult result) {
+void meta_cache_insert(MetaSignature sig, std::shared_ptr<const MetaResult> result) {
   auto& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   if (c.entries.size() >= kCapacity) c.entries.clear();
-  c.entries.insert_or_assign(std::move(sig), std::make_shared<const MetaResult>(std::move(result)));
+  c.entries.insert_or_assign(std::move(sig), std::move(result));
 }
 
 } // namespace torchneuron

@@ -31,6 +31,8 @@ struct MetaResult {
 bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                     const std::vector<size_t>& skip, MetaSignature& out);
 std::shared_ptr<const MetaResult> meta_cache_find(const MetaSignature& sig);
-void meta_cache_insert(MetaSignature sig, MetaResult result);  // replaces an entry for `sig`
+// Replaces an entry for `sig`. Entries are shared, never changed: a caller
+// reads a hit's tensors in place instead of copying them.
+void meta_cache_insert(MetaSignature sig, std::shared_ptr<const MetaResult> result);
 
 } // namespace torchneuron
