@@ -417,13 +417,17 @@ def _signature(fn):
 
 
 def _bound(fn, step):
+    """The step's arguments by name, for instruction `fn`; a mask declines
+    (no lowering applies one)."""
     try:
-        b = _signature(fn).bind(*step.args, **step.kwargs)
+        b = _signature(_raw(fn)).bind(*step.args, **step.kwargs)
     except TypeError:
         raise Decline("arguments") from None
     b.apply_defaults()
     a = dict(b.arguments)
     a.update(a.pop("kwargs", {}) or {})
+    if a.get("mask") is not None:
+        raise Decline("mask")
     return a
 
 
@@ -469,15 +473,10 @@ def _emit(lw, step, dst, values_may_alias=None):
     return put
 
 
-def _no_mask(a):
-    if a.get("mask") is not None:
-        raise Decline("mask")
-
-
 # ------------------------------------------------------------ allocation
 @lowering(_nl.ndarray)
 def _ndarray(lw, step):
-    a = _bound(_raw(_nl.ndarray), step)
+    a = _bound(_nl.ndarray, step)
     buffer = _nl._buffer(a["buffer"])
     if buffer is Buffer.shared_hbm:
         if not step.binds:
@@ -535,7 +534,6 @@ def _full(lw, step):
 def _load(lw, step, transpose):
     fn = _raw(step.fn)
     a = _bound(fn, step)
-    _no_mask(a)
     src = a["src"]
     if not isinstance(src, View) or lw.on_chip(src) or not lw.shape(src):
         raise Decline("load source")
@@ -607,8 +605,7 @@ def _copy_op(lw, value, dst):
 
 @lowering(_nl.store)
 def _store(lw, step):
-    a = _bound(_raw(_nl.store), step)
-    _no_mask(a)
+    a = _bound(_nl.store, step)
     dst, value = a["dst"], a["value"]
     if (not isinstance(dst, View) or lw.on_chip(dst) or not isinstance(value, View) or not lw.on_chip(value)
             or value.mask is not None):
@@ -645,15 +642,13 @@ def _unary_op(lw, step, f, x, dtype):
 
 @lowering(_ops.unary)
 def _lower_unary(lw, step):
-    a = _bound(_raw(_ops.unary), step)
-    _no_mask(a)
+    a = _bound(_ops.unary, step)
     return _unary_op(lw, step, a["f"], a["x"], a["dtype"])
 
 
 @lowering(_nl.copy)
 def _lower_copy(lw, step):
-    a = _bound(_raw(_nl.copy), step)
-    _no_mask(a)
+    a = _bound(_nl.copy, step)
     return _unary_op(lw, step, _ops.UNARY["copy"], a["x"], a["dtype"])
 
 
@@ -683,14 +678,13 @@ def _binary_op(lw, step, f, x, y, dtype):
 
 @lowering(_ops.binary)
 def _lower_binary(lw, step):
-    a = _bound(_raw(_ops.binary), step)
-    _no_mask(a)
+    a = _bound(_ops.binary, step)
     return _binary_op(lw, step, a["f"], a["a"], a["b"], a["dtype"])
 
 
 @lowering(_ops.update)
 def _update(lw, step):
-    a = _bound(_raw(_ops.update), step)
+    a = _bound(_ops.update, step)
     target, f, other = a["target"], a["f"], a["other"]
     if not isinstance(target, View) or not lw.on_chip(target):
         raise Decline("update target")
@@ -728,7 +722,6 @@ def _update(lw, step):
 def _lang_elementwise(lw, step):
     fn = _raw(step.fn)
     a = _bound(fn, step)
-    _no_mask(a)
     if hasattr(fn, "_unary"):
         return _unary_op(lw, step, fn._unary, a["x"], a["dtype"])
     if set(a) >= {"x", "y"}:
@@ -822,8 +815,7 @@ def _nc_matmul(lw, step):
 
 @lowering(_nl.matmul)
 def _nl_matmul(lw, step):
-    a = _bound(_raw(_nl.matmul), step)
-    _no_mask(a)
+    a = _bound(_nl.matmul, step)
     x, y = a["x"], a["y"]
     if not isinstance(x, View) or not isinstance(y, View):
         raise Decline("matmul operands")
