@@ -36,13 +36,9 @@ bool real(const c10::Scalar& s) {
 }
 
 // A Scalar `other` as TensorIterator converts the number ATen wraps it in.
-double wrapped(const c10::Scalar& s, c10::ScalarType dtype) {
-  if (dtype == at::kFloat) {
-    if (s.isFloatingPoint()) return static_cast<float>(s.toDouble());
-    return s.isBoolean() ? static_cast<float>(s.toBool()) : static_cast<float>(s.toLong());
-  }
-  if (s.isFloatingPoint()) return s.toDouble();
-  return s.isBoolean() ? static_cast<double>(s.toBool()) : static_cast<double>(s.toLong());
+template <typename T>
+T wrapped(const c10::Scalar& s) {
+  return s.isFloatingPoint() ? T(s.toDouble()) : s.isBoolean() ? T(s.toBool()) : T(s.toLong());
 }
 
 // A clamp bound as ATen's kernel converts it (Scalar::to, which refuses an
@@ -181,7 +177,7 @@ std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) 
     if (other->isTensor()) {
       op.other = index("other");
     } else if (other->isScalar() && real(other->toScalar())) {
-      op.scalar = wrapped(other->toScalar(), op.dtype);
+      op.scalar = op.dtype == at::kFloat ? wrapped<float>(other->toScalar()) : wrapped<double>(other->toScalar());
     } else {
       return std::nullopt;
     }
