@@ -334,3 +334,35 @@ def test_error_in_fused_member_names_it(fusion):
     bad = torch.index_select(y.view(-1), 0, idx)  # not element-wise: its own task
     with pytest.raises(RuntimeError, match="index_select"):
         bad.cpu()
+
+
+@pytest.mark.parametrize("n, dtype", [(2 * 32768 + 21, torch.float32), (2 * 32768 + 21, torch.float64),
+                                      (8 * 2**20 + 13, torch.float32)])
+def test_sigmoid_tanh_and_streamed_results_match_unfused(fusion, n, dtype):
+    """sigmoid and tanh run in fusion's own slices through the math-library
+    calls ATen's kernels make (transcendental.h), including the scalar
+    remainder where a thread's range ends mid-vector (n); results of 32 MB
+    and more are written with non-temporal stores unless the group reads
+    them again (the held `h`)."""
+    if dtype == torch.float32:  # this machine's ATen: AVX512 kernels with MKL's VML
+        assert torchneuron._C._fusion_computes_like_aten("tanh", dtype)
+        assert torchneuron._C._fusion_computes_like_aten("sigmoid", dtype) == (
+            torch.backends.cpu.get_cpu_capability() == "AVX512")
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(n, generator=g, dtype=dtype) * 8, torch.randn(n, generator=g, dtype=dtype)
+    at = torch.tensor([0, 7, 32768 - 1, n // 2 - 1, n // 2, n // 2 + 1, n - 21, n - 3, n - 1])
+    a[at[:3]], a[at[3:6]], a[at[6:]] = float("nan"), float("-inf"), -0.0
+    a, b = a.to("neuron"), b.to("neuron")
+
+    def program():
+        h = torch.sigmoid(a * 1.5)  # held, and read again by the group
+        return h, torch.sigmoid(torch.tanh(h - b).neg() * b) + 0.5
+
+    torchneuron.clear_op_tracking()
+    _busy()
+    fused = program()
+    assert torchneuron._C._fused_groups() == 1
+    fusion(False)
+    _busy()
+    for x, y in zip(fused, program()):
+        _bits_equal(x, y)

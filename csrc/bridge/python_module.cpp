@@ -9,6 +9,7 @@
 #include "device_state.h"
 #include "generator.h"
 #include "fusion/elementwise_fusion.h"
+#include "fusion/transcendental.h"
 #include "op_tracking.h"
 #include "python_tasks.h"
 
@@ -108,6 +109,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
+  m.def("_fusion_computes_like_aten", [](const std::string& fn, at::ScalarType dtype) {
+    TORCH_CHECK(fn == "sigmoid" || fn == "tanh", "sigmoid or tanh, not ", fn);
+    return transcendental::matches_aten(fn == "sigmoid" ? transcendental::Fn::Sigmoid : transcendental::Fn::Tanh, dtype);
+  });
   // Generated C++ kernels of torch.compile (torchneuron/compile/launch.py).
   m.def(
       "_launch_cpp_kernel",

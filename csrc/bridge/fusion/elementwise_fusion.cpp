@@ -24,6 +24,10 @@ namespace {
 constexpr int64_t kPiece = 1 << 15;     // elements per piece: a multiple of every vector step
 constexpr int64_t kSlice = 1 << 10;     // elements per slice of exact members: their operands stay in L1
 constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
+// An exact member's result at least this large is written with non-temporal
+// stores (stream_copy), unless the group reads it again: it would leave every
+// cache level a core can count on before the next operator reads it.
+constexpr int64_t kStreamBytes = 32 << 20;
 // An idle device holds a new group back this long after each operator joins
 // it (runtime::Task::linger_ns), for the next one: a host issues an operator
 // in 5-20 us, and a group costs at least a pass over 1M elements (~300 us).
@@ -180,6 +184,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
   };
   struct Lanes {
     Lane self, other, out;
+    bool stream = false;  // `out` is written with stream_copy
   };
   std::vector<Prepared> prepared(members.size());
   std::vector<Lanes> lanes(members.size());
@@ -205,6 +210,11 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
         return l;
       };
       lanes[m] = {lane(exact.self), lane(exact.other == -1 ? -2 : exact.other), lane(exact.out)};
+      const auto out = reinterpret_cast<uintptr_t>(lanes[m].out.base);
+      lanes[m].stream = !lanes[m].out.scratch && numel * int64_t(c10::elementSize(exact.dtype)) >= kStreamBytes;
+      for (size_t k = m + 1; k < members.size() && lanes[m].stream; ++k)
+        for (const Operand& o : members[k].operands)
+          if (o.slot < 0 && o.range.begin <= out && out < o.range.end) lanes[m].stream = false;
       continue;
     }
     auto& p = prepared[m];
@@ -222,6 +232,9 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       }
     }
   }
+  struct StreamFence {  // streamed stores land before the task can complete, even on an error
+    ~StreamFence() { end_streaming(); }
+  } fence;
   for (int64_t lo = begin; lo < end; lo += piece) {
     const int64_t len = std::min(piece, end - lo);
     for (size_t m = 0; m < members.size();) {
@@ -232,6 +245,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
           const size_t first = m;
           size_t end_run = m;
           while (end_run < members.size() && members[end_run].exact) ++end_run;
+          alignas(64) double staging[kSlice];  // a streamed result's slice
           for (int64_t s = lo; s < lo + len; s += kSlice) {
             const int64_t n = std::min(kSlice, lo + len - s);
             for (m = first; m < end_run; ++m) {  // m names the member in errors
@@ -241,7 +255,11 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
               // Slices start where ATen's vector loop would, so a declined
               // one takes ATen's own paths element by element.
-              if (!run_exact(*members[m].exact, out, self, other, n)) run_with_aten(*members[m].exact, out, self, other, n);
+              char* into = l.stream ? reinterpret_cast<char*>(staging) : out;
+              if (!run_exact(*members[m].exact, into, self, other, n))
+                run_with_aten(*members[m].exact, out, self, other, n);
+              else if (l.stream)
+                stream_copy(out, into, n * size);
             }
           }
           continue;

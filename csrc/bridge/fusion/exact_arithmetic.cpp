@@ -3,6 +3,7 @@
 #pragma GCC optimize("O3")
 
 #include "exact_arithmetic.h"
+#include "transcendental.h"
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/div.h>
@@ -10,6 +11,8 @@
 #include <ATen/ops/mul.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sub.h>
+
+#include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
@@ -25,7 +28,8 @@ const std::unordered_map<std::string, Kind>& kinds() {
   static const std::unordered_map<std::string, Kind> k = {
       {"add", Kind::Add}, {"sub", Kind::Sub}, {"mul", Kind::Mul},       {"div", Kind::Div},
       {"neg", Kind::Neg}, {"abs", Kind::Abs}, {"relu", Kind::Clamp},    {"clamp", Kind::Clamp},
-      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}, {"reciprocal", Kind::Reciprocal}};
+      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}, {"reciprocal", Kind::Reciprocal},
+      {"sigmoid", Kind::Sigmoid}, {"tanh", Kind::Tanh}};
   return k;
 }
 
@@ -124,6 +128,12 @@ bool run_typed(const ExactArithmetic& op, T* out, SliceOperand a, SliceOperand b
     case Kind::Neg: map<T>(out, a, b, n, [](T x, T) { return -x; }); break;
     case Kind::Abs: map<T>(out, a, b, n, [](T x, T) { return std::abs(x); }); break;
     case Kind::Reciprocal: map<T>(out, a, b, n, [](T x, T) { return T(1) / x; }); break;
+    case Kind::Sigmoid:
+    case Kind::Tanh:
+      TORCH_INTERNAL_ASSERT(a.step == 1, "a transcendental member reads a whole operand");
+      transcendental::run(op.kind == Kind::Sigmoid ? transcendental::Fn::Sigmoid : transcendental::Fn::Tanh,
+                          op.dtype, reinterpret_cast<char*>(out), a.data, n);
+      break;
     case Kind::Clamp:
       // max(x, lo) then min(., hi), each keeping x when x is NaN or equal to
       // the bound (so -0.0 stays -0.0), as ATen's kernels do.
@@ -191,6 +201,12 @@ std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) 
     if (!*limit) return std::nullopt;
   }
   if (op.kind == Kind::Clamp && !op.lo && !op.hi) return std::nullopt;
+  if (op.kind == Kind::Sigmoid || op.kind == Kind::Tanh) {
+    const auto fn = op.kind == Kind::Sigmoid ? transcendental::Fn::Sigmoid : transcendental::Fn::Tanh;
+    const at::Tensor& x = call.args[op.self].toTensor();
+    if (x.scalar_type() != op.dtype || x.numel() != out.numel() || !transcendental::matches_aten(fn, op.dtype))
+      return std::nullopt;
+  }
 
   // No type promotion: every tensor of more than zero dimensions has the
   // result's dtype, and 0-dim ones (which weigh less) are real numbers.
@@ -208,6 +224,19 @@ bool run_exact(const ExactArithmetic& op, char* out, SliceOperand self, SliceOpe
   if (op.dtype == at::kFloat) return run_typed<float>(op, reinterpret_cast<float*>(out), self, other, n);
   return run_typed<double>(op, reinterpret_cast<double*>(out), self, other, n);
 }
+
+// 16-byte stores (SSE2, every x86-64): write-combining merges them into whole
+// lines as it would wider ones.
+void stream_copy(char* to, const char* from, size_t bytes) {
+  const size_t head = std::min<size_t>(bytes, (16 - uintptr_t(to) % 16) % 16);
+  std::memcpy(to, from, head);
+  size_t i = head;
+  for (; i + 16 <= bytes; i += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(to + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i)));
+  std::memcpy(to + i, from + i, bytes - i);
+}
+
+void end_streaming() { _mm_sfence(); }
 
 void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n) {
   auto tensor = [&](const char* data, int64_t step) {

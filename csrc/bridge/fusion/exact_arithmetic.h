@@ -1,13 +1,17 @@
-// Members of a fused group that need no ATen kernel: float and double
-// arithmetic whose every result element is one correctly rounded IEEE
-// operation (add, sub, mul, div, reciprocal) or a choice between an operand
-// and a bound (neg, abs, relu, clamp). Not sqrt: ATen's is not correctly
-// rounded (a vector approximation). Any loop computes them bit for bit as ATen's vector
-// and scalar kernels do, NaN payloads and signed zeros included, so a fused
-// group runs a run of them slice by slice in L1 with its own loops, instead of
-// one boxed call (and TensorIterator) per member and piece. Everything else,
-// and these operations with type promotion, an alpha other than 1 or a
-// broadcast row, stays with ATen's kernels.
+// Members of a fused group that need no ATen kernel, because fusion's own
+// loops compute every element bit for bit as ATen's vector and scalar kernels
+// do, NaN payloads and signed zeros included:
+// * float and double arithmetic whose every result element is one correctly
+//   rounded IEEE operation (add, sub, mul, div, reciprocal) or a choice
+//   between an operand and a bound (neg, abs, relu, clamp). Not sqrt: ATen's
+//   is not correctly rounded (a vector approximation).
+// * sigmoid and tanh, by the very math-library calls ATen's kernels make
+//   (transcendental.h); a self-check against ATen at first use turns them off
+//   if this build of ATen computes them differently.
+// A fused group runs a run of them slice by slice in L1 with its own loops,
+// instead of one boxed call (and TensorIterator) per member and piece.
+// Everything else, and these operations with type promotion, an alpha other
+// than 1 or a broadcast row, stays with ATen's kernels.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,7 +23,7 @@
 namespace torchneuron {
 
 struct ExactArithmetic {
-  enum class Kind : uint8_t { Add, Sub, Mul, Div, Neg, Abs, Clamp, Reciprocal };
+  enum class Kind : uint8_t { Add, Sub, Mul, Div, Neg, Abs, Clamp, Reciprocal, Sigmoid, Tanh };
   Kind kind;
   c10::ScalarType dtype;  // kFloat or kDouble: of every operand but scalars
   // Where the tensor operands are: an index into the call's args, or -1 for
@@ -49,5 +53,13 @@ struct SliceOperand {
 // on the same slice (run_with_aten) reproduces it.
 bool run_exact(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
 void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
+
+// Copies a slice computed in L1 to memory with non-temporal stores: a result
+// that leaves the cache before anyone reads it is then written without first
+// being read into the cache (read for ownership), a quarter of what a chain
+// of two inputs and one output moves. `end_streaming` orders these stores
+// before anything the thread does next, such as finishing the task.
+void stream_copy(char* to, const char* from, size_t bytes);
+void end_streaming();
 
 } // namespace torchneuron
