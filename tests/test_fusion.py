@@ -336,18 +336,23 @@ def test_error_in_fused_member_names_it(fusion):
         bad.cpu()
 
 
+LIBRARY_FUNCTIONS = ["tanh", "exp", "log", "log2", "log10", "sqrt", "sin", "cos", "tan", "asin", "acos", "atan",
+                     "erf", "erfc"]
+
+
 @pytest.mark.parametrize("n, dtype", [(2 * 32768 + 21, torch.float32), (2 * 32768 + 21, torch.float64),
                                       (8 * 2**20 + 13, torch.float32)])
-def test_sigmoid_tanh_and_streamed_results_match_unfused(fusion, n, dtype):
-    """sigmoid and tanh run in fusion's own slices through the math-library
-    calls ATen's kernels make (transcendental.h), including the scalar
-    remainder where a thread's range ends mid-vector (n); results of 32 MB
-    and more are written with non-temporal stores unless the group reads
-    them again (the held `h`)."""
+def test_library_functions_and_streamed_results_match_unfused(fusion, n, dtype):
+    """sigmoid, tanh, exp, log, ... run in fusion's own slices through the
+    math-library calls ATen's kernels make (vector_math.h), including the
+    scalar remainder where a thread's range ends mid-vector (n); results of
+    32 MB and more are written with non-temporal stores unless the group
+    reads them again (the held `h`)."""
     if dtype == torch.float32:  # this machine's ATen: AVX512 kernels with MKL's VML
-        assert torchneuron._C._fusion_computes_like_aten("tanh", dtype)
+        assert all(torchneuron._C._fusion_computes_like_aten(op, dtype) for op in LIBRARY_FUNCTIONS)
         assert torchneuron._C._fusion_computes_like_aten("sigmoid", dtype) == (
             torch.backends.cpu.get_cpu_capability() == "AVX512")
+        assert not torchneuron._C._fusion_computes_like_aten("gelu", dtype)
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(n, generator=g, dtype=dtype) * 8, torch.randn(n, generator=g, dtype=dtype)
     at = torch.tensor([0, 7, 32768 - 1, n // 2 - 1, n // 2, n // 2 + 1, n - 21, n - 3, n - 1])
@@ -356,7 +361,9 @@ def test_sigmoid_tanh_and_streamed_results_match_unfused(fusion, n, dtype):
 
     def program():
         h = torch.sigmoid(a * 1.5)  # held, and read again by the group
-        return h, torch.sigmoid(torch.tanh(h - b).neg() * b) + 0.5
+        y = torch.tanh(h - b) * b
+        y = torch.exp(y) + torch.log(h) - torch.sin(y)
+        return h, torch.atan(torch.sigmoid(y)) * torch.sqrt(h) + torch.erf(b)  # 16 members: a whole group
 
     torchneuron.clear_op_tracking()
     _busy()

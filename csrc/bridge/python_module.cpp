@@ -9,7 +9,7 @@
 #include "device_state.h"
 #include "generator.h"
 #include "fusion/elementwise_fusion.h"
-#include "fusion/transcendental.h"
+#include "fusion/vector_math.h"
 #include "op_tracking.h"
 #include "python_tasks.h"
 
@@ -109,9 +109,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
-  m.def("_fusion_computes_like_aten", [](const std::string& fn, at::ScalarType dtype) {
-    TORCH_CHECK(fn == "sigmoid" || fn == "tanh", "sigmoid or tanh, not ", fn);
-    return transcendental::matches_aten(fn == "sigmoid" ? transcendental::Fn::Sigmoid : transcendental::Fn::Tanh, dtype);
+  m.def("_fusion_computes_like_aten", [](const std::string& op, at::ScalarType dtype) {
+    return vector_math::like_aten(op, dtype) != nullptr;
   });
   // Generated C++ kernels of torch.compile (torchneuron/compile/launch.py).
   m.def(

@@ -49,7 +49,8 @@ const std::unordered_set<std::string>& elementwise_names() {
       "le", "gt", "ge", "gelu", "silu", "lerp", "addcmul", "addcdiv", "fill", "sign", "floor", "ceil", "trunc",
       "sin", "cos", "erf", "log1p", "expm1", "hardtanh", "leaky_relu", "elu", "softplus", "threshold",
       "threshold_backward", "sigmoid_backward", "tanh_backward", "gelu_backward", "silu_backward",
-      "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "square", "exp2", "log2"};
+      "logical_and", "logical_or", "logical_not", "bitwise_and", "bitwise_or", "square", "exp2", "log2",
+      "log10", "tan", "asin", "acos", "atan", "erfc"};
   return names;
 }
 

@@ -3,7 +3,6 @@
 #pragma GCC optimize("O3")
 
 #include "exact_arithmetic.h"
-#include "transcendental.h"
 
 #include <ATen/ops/add.h>
 #include <ATen/ops/div.h>
@@ -28,8 +27,7 @@ const std::unordered_map<std::string, Kind>& kinds() {
   static const std::unordered_map<std::string, Kind> k = {
       {"add", Kind::Add}, {"sub", Kind::Sub}, {"mul", Kind::Mul},       {"div", Kind::Div},
       {"neg", Kind::Neg}, {"abs", Kind::Abs}, {"relu", Kind::Clamp},    {"clamp", Kind::Clamp},
-      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}, {"reciprocal", Kind::Reciprocal},
-      {"sigmoid", Kind::Sigmoid}, {"tanh", Kind::Tanh}};
+      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}, {"reciprocal", Kind::Reciprocal}};
   return k;
 }
 
@@ -128,11 +126,9 @@ bool run_typed(const ExactArithmetic& op, T* out, SliceOperand a, SliceOperand b
     case Kind::Neg: map<T>(out, a, b, n, [](T x, T) { return -x; }); break;
     case Kind::Abs: map<T>(out, a, b, n, [](T x, T) { return std::abs(x); }); break;
     case Kind::Reciprocal: map<T>(out, a, b, n, [](T x, T) { return T(1) / x; }); break;
-    case Kind::Sigmoid:
-    case Kind::Tanh:
-      TORCH_INTERNAL_ASSERT(a.step == 1, "a transcendental member reads a whole operand");
-      transcendental::run(op.kind == Kind::Sigmoid ? transcendental::Fn::Sigmoid : transcendental::Fn::Tanh,
-                          op.dtype, reinterpret_cast<char*>(out), a.data, n);
+    case Kind::Function:
+      TORCH_INTERNAL_ASSERT(a.step == 1, "a library function reads a whole operand");
+      vector_math::run(*op.function, op.dtype, reinterpret_cast<char*>(out), a.data, n);
       break;
     case Kind::Clamp:
       // max(x, lo) then min(., hi), each keeping x when x is NaN or equal to
@@ -163,8 +159,7 @@ std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) 
   const bool inplace = !base.empty() && base.back() == '_';
   if (inplace) base.pop_back();
   auto kind = kinds().find(base);
-  if (kind == kinds().end()) return std::nullopt;
-  ExactArithmetic op{kind->second, c10::ScalarType::Undefined, -1, -1, -1};
+  ExactArithmetic op{kind == kinds().end() ? Kind::Function : kind->second, c10::ScalarType::Undefined, -1, -1, -1};
   auto arg = [&](const char* name) -> const c10::IValue* {
     auto i = schema.argumentIndexWithName(name);
     return i && *i < call.args.size() ? &call.args[*i] : nullptr;
@@ -201,11 +196,12 @@ std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) 
     if (!*limit) return std::nullopt;
   }
   if (op.kind == Kind::Clamp && !op.lo && !op.hi) return std::nullopt;
-  if (op.kind == Kind::Sigmoid || op.kind == Kind::Tanh) {
-    const auto fn = op.kind == Kind::Sigmoid ? transcendental::Fn::Sigmoid : transcendental::Fn::Tanh;
+  if (op.kind == Kind::Function) {
     const at::Tensor& x = call.args[op.self].toTensor();
-    if (x.scalar_type() != op.dtype || x.numel() != out.numel() || !transcendental::matches_aten(fn, op.dtype))
+    if (schema.arguments().size() != (arg("out") ? 2 : 1) || x.scalar_type() != op.dtype || x.numel() != out.numel())
       return std::nullopt;
+    op.function = vector_math::like_aten(base, op.dtype);
+    if (!op.function) return std::nullopt;
   }
 
   // No type promotion: every tensor of more than zero dimensions has the

@@ -5,9 +5,9 @@
 //   rounded IEEE operation (add, sub, mul, div, reciprocal) or a choice
 //   between an operand and a bound (neg, abs, relu, clamp). Not sqrt: ATen's
 //   is not correctly rounded (a vector approximation).
-// * sigmoid and tanh, by the very math-library calls ATen's kernels make
-//   (transcendental.h); a self-check against ATen at first use turns them off
-//   if this build of ATen computes them differently.
+// * sigmoid, tanh, exp, log, sqrt, sin, erf, ...: by the very math-library
+//   calls ATen's kernels make (vector_math.h), each checked against ATen once
+//   per process.
 // A fused group runs a run of them slice by slice in L1 with its own loops,
 // instead of one boxed call (and TensorIterator) per member and piece.
 // Everything else, and these operations with type promotion, an alpha other
@@ -19,11 +19,12 @@
 #include <optional>
 
 #include "elementwise_fusion.h"
+#include "vector_math.h"
 
 namespace torchneuron {
 
 struct ExactArithmetic {
-  enum class Kind : uint8_t { Add, Sub, Mul, Div, Neg, Abs, Clamp, Reciprocal, Sigmoid, Tanh };
+  enum class Kind : uint8_t { Add, Sub, Mul, Div, Neg, Abs, Clamp, Reciprocal, Function };
   Kind kind;
   c10::ScalarType dtype;  // kFloat or kDouble: of every operand but scalars
   // Where the tensor operands are: an index into the call's args, or -1 for
@@ -33,6 +34,7 @@ struct ExactArithmetic {
   // to the dtype as ATen converts them (exact in a double).
   double scalar = 0;
   std::optional<double> lo, hi;
+  const vector_math::Unary* function = nullptr;  // Kind::Function
 };
 
 // The member as exact arithmetic, or nullopt if it needs ATen's kernel.

@@ -1,0 +1,166 @@
+#include "vector_math.h"
+
+#include <ATen/Config.h>
+#include <ATen/Version.h>  // get_cpu_capability: which of ATen's kernels run
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+
+#include <dlfcn.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <mutex>
+
+// SLEEF's exp, linked into libtorch_cpu. Weak: a build without it leaves
+// sigmoid to ATen instead of failing to load.
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+extern "C" {
+__m512 Sleef_expf16_u10(__m512) __attribute__((weak));
+__m512d Sleef_expd8_u10(__m512d) __attribute__((weak));
+}
+#pragma GCC pop_options
+
+namespace torchneuron::vector_math {
+
+// MKL_INT is 32 or 64 bits by the interface; a 64-bit count serves both.
+using VmlFloat = void (*)(int64_t n, const float* a, float* r, int64_t mode);
+using VmlDouble = void (*)(int64_t n, const double* a, double* r, int64_t mode);
+
+struct Unary {
+  const char* op;
+  const char* vml[2];  // MKL's names for float and double; none: sigmoid
+  VmlFloat vml_float = nullptr;
+  VmlDouble vml_double = nullptr;
+  bool matches[2] = {false, false};  // float, double: checked against ATen
+};
+
+namespace {
+
+// The accuracy and error modes ATen's VML wrappers pass: high accuracy,
+// denormals kept, errors ignored.
+constexpr int64_t kVmlMode = 0x2 | 0x140000 | 0x100;
+
+template <typename T>
+T sigmoid_scalar(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+// ATen's vectorized loop: pairs of vectors, then the remainder in scalar code.
+__attribute__((target("avx512f"))) void sigmoid_avx512(float* out, const float* x, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  const __m512i sign = _mm512_set1_epi32(int32_t(0x80000000u));
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32)
+    for (int64_t k = i; k < i + 32; k += 16) {
+      const __m512 neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(x + k)), sign));
+      _mm512_storeu_ps(out + k, _mm512_div_ps(one, _mm512_add_ps(Sleef_expf16_u10(neg), one)));
+    }
+  for (; i < n; ++i) out[i] = sigmoid_scalar(x[i]);
+}
+
+__attribute__((target("avx512f"))) void sigmoid_avx512(double* out, const double* x, int64_t n) {
+  const __m512d one = _mm512_set1_pd(1.0);
+  const __m512i sign = _mm512_set1_epi64(int64_t(0x8000000000000000ull));
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int64_t k = i; k < i + 16; k += 8) {
+      const __m512d neg = _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(_mm512_loadu_pd(x + k)), sign));
+      _mm512_storeu_pd(out + k, _mm512_div_pd(one, _mm512_add_pd(Sleef_expd8_u10(neg), one)));
+    }
+  for (; i < n; ++i) out[i] = sigmoid_scalar(x[i]);
+}
+
+// Inputs that take every path: ordinary values over the ranges where the
+// functions bend and saturate, and raw bit patterns (NaNs with payloads of
+// both signs, infinities, subnormals, huge values).
+at::Tensor probe_inputs(c10::ScalarType dtype, int64_t n) {
+  at::Tensor x = at::empty({n}, at::TensorOptions().dtype(dtype));
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  for (int64_t i = 0; i < n; ++i) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    const double ordinary = (int64_t(state % 20000001) - 10000000) * 1e-5;  // [-100, 100]
+    if (dtype == at::kFloat) {
+      float v = float(ordinary);
+      if (i % 2 == 0) std::memcpy(&v, &state, sizeof v);
+      x.data_ptr<float>()[i] = v;
+    } else {
+      double v = ordinary;
+      if (i % 2 == 0) std::memcpy(&v, &state, sizeof v);
+      x.data_ptr<double>()[i] = v;
+    }
+  }
+  return x;
+}
+
+bool check(const Unary& fn, c10::ScalarType dtype) {
+  const auto aten = c10::Dispatcher::singleton()
+                        .findSchemaOrThrow((std::string("aten::") + fn.op).c_str(), "")
+                        .typed<at::Tensor(const at::Tensor&)>();
+  const at::Tensor x = probe_inputs(dtype, 4096 + 31);
+  // Call lengths with each kind of remainder: none, one vector, a part of one.
+  for (int64_t n : {4096, 4096 + 8, 4096 + 16, 4096 + 21, 4096 + 31}) {
+    const at::Tensor in = x.narrow(0, 0, n);  // one call: below ATen's grain, on one thread
+    const at::Tensor want = aten.call(in);
+    at::Tensor got = at::empty({n}, in.options());
+    run(fn, dtype, static_cast<char*>(got.data_ptr()), static_cast<const char*>(in.data_ptr()), n);
+    if (std::memcmp(got.data_ptr(), want.data_ptr(), want.nbytes()) != 0) return false;
+  }
+  return true;
+}
+
+// What ATen hands to VML (its vml.h), as far as MKL has the function.
+Unary* table_checked_once(size_t* size) {
+  static Unary table[] = {
+      {"sigmoid", {nullptr, nullptr}}, {"tanh", {"vmsTanh", "vmdTanh"}},   {"exp", {"vmsExp", "vmdExp"}},
+      {"log", {"vmsLn", "vmdLn"}},     {"log2", {"vmsLog2", "vmdLog2"}},   {"log10", {"vmsLog10", "vmdLog10"}},
+      {"sqrt", {"vmsSqrt", "vmdSqrt"}}, {"sin", {"vmsSin", "vmdSin"}},     {"cos", {"vmsCos", "vmdCos"}},
+      {"tan", {"vmsTan", "vmdTan"}},   {"asin", {"vmsAsin", "vmdAsin"}},   {"acos", {"vmsAcos", "vmdAcos"}},
+      {"atan", {"vmsAtan", "vmdAtan"}}, {"erf", {"vmsErf", "vmdErf"}},     {"erfc", {"vmsErfc", "vmdErfc"}}};
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // MKL is linked into libtorch_cpu, whose symbols may not be global.
+    Dl_info info{};
+    void* lib = nullptr;
+    if (AT_MKL_ENABLED() && dladdr(reinterpret_cast<void*>(&at::get_cpu_capability), &info))
+      lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    const bool avx512 = at::get_cpu_capability() == "AVX512";
+    for (Unary& fn : table) {
+      if (fn.vml[0] && lib) {
+        fn.vml_float = reinterpret_cast<VmlFloat>(dlsym(lib, fn.vml[0]));
+        fn.vml_double = reinterpret_cast<VmlDouble>(dlsym(lib, fn.vml[1]));
+      }
+      const bool sigmoid = !fn.vml[0];
+      fn.matches[0] = (sigmoid ? avx512 && Sleef_expf16_u10 : fn.vml_float != nullptr) && check(fn, at::kFloat);
+      fn.matches[1] = (sigmoid ? avx512 && Sleef_expd8_u10 : fn.vml_double != nullptr) && check(fn, at::kDouble);
+    }
+  });
+  *size = std::size(table);
+  return table;
+}
+
+} // namespace
+
+const Unary* like_aten(const std::string& op, c10::ScalarType dtype) {
+  if (dtype != at::kFloat && dtype != at::kDouble) return nullptr;
+  size_t size = 0;
+  Unary* table = table_checked_once(&size);
+  for (size_t i = 0; i < size; ++i)
+    if (op == table[i].op) return table[i].matches[dtype == at::kDouble] ? &table[i] : nullptr;
+  return nullptr;
+}
+
+void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64_t n) {
+  if (dtype == at::kFloat) {
+    auto* o = reinterpret_cast<float*>(out);
+    auto* a = reinterpret_cast<const float*>(x);
+    fn.vml_float ? fn.vml_float(n, a, o, kVmlMode) : sigmoid_avx512(o, a, n);
+  } else {
+    auto* o = reinterpret_cast<double*>(out);
+    auto* a = reinterpret_cast<const double*>(x);
+    fn.vml_double ? fn.vml_double(n, a, o, kVmlMode) : sigmoid_avx512(o, a, n);
+  }
+}
+
+} // namespace torchneuron::vector_math
