@@ -120,6 +120,17 @@ def _program(seed):
     return inputs, run
 
 
+def _fused_and_unfused(fusion, program):
+    """program() queued behind busy work with fusion on (op tracking cleared
+    first, so it counts this run's groups), then with fusion off."""
+    torchneuron.clear_op_tracking()
+    _busy()
+    fused = program()
+    fusion(False)
+    _busy()
+    return fused, program()
+
+
 def _bits_equal(a, b):
     """Equal bit for bit, NaN payloads and signed zeros included."""
     a, b = a.cpu(), b.cpu()
@@ -203,14 +214,10 @@ def test_broadcast_operands_fuse(fusion, rows):
         y = torch.nn.functional.silu(x * scale + bias)  # per-feature affine map (rows broadcast)
         return torch.exp(y - row_max) / 3  # against a row statistic (columns broadcast)
 
-    torchneuron.clear_op_tracking()
-    _busy()
-    fused = program()
+    fused, unfused = _fused_and_unfused(fusion, program)
     assert torchneuron._C._fused_groups() == 1
     assert sum(torchneuron.get_fused_ops().values()) == 6
-    fusion(False)
-    _busy()
-    _bits_equal(fused, program())
+    _bits_equal(fused, unfused)
     cpu = (x.cpu(), scale.cpu(), bias.cpu(), row_max.cpu())
     torch.testing.assert_close(fused.cpu(), torch.exp(torch.nn.functional.silu(cpu[0] * cpu[1] + cpu[2]) - cpu[3]) / 3)
 
@@ -223,13 +230,8 @@ def test_broadcast_of_trailing_dims_and_single_elements(fusion):
     def program():
         return torch.relu((x + pos) * gain) - 0.5
 
-    torchneuron.clear_op_tracking()
-    _busy()
-    fused = program()
+    fused, unfused = _fused_and_unfused(fusion, program)
     assert torchneuron._C._fused_groups() == 1
-    fusion(False)
-    _busy()
-    unfused = program()
     assert fused.dtype == unfused.dtype == torch.float64  # a rank-2 tensor keeps its weight in promotion
     _bits_equal(fused, unfused)
 
@@ -246,14 +248,10 @@ def test_residual_add_and_layer_norm_fuse(fusion):
             return r, ln(r)
 
     program()  # layer norm has three results: checked against its meta function once, synchronously
-    torchneuron.clear_op_tracking()
-    _busy()
-    fused = program()
+    fused, unfused = _fused_and_unfused(fusion, program)
     assert torchneuron._C._fused_groups() == 1
     assert set(torchneuron.get_fused_ops()) == {"aten::mul.Tensor", "aten::add.Tensor", "aten::native_layer_norm"}
-    fusion(False)
-    _busy()
-    for a, b in zip(fused, program()):
+    for a, b in zip(fused, unfused):
         _bits_equal(a, b)
     torch.testing.assert_close(fused[1].cpu(), ln.cpu()(x.cpu() + h.cpu() * 0.5))
 
@@ -266,14 +264,10 @@ def test_softmax_written_out_fuses_with_its_reductions(fusion):
         return e / e.sum(-1, keepdim=True)
 
     program()  # first calls take the host long enough (meta functions) for the device to catch up
-    torchneuron.clear_op_tracking()
-    _busy()
-    fused = program()
+    fused, unfused = _fused_and_unfused(fusion, program)
     assert torchneuron._C._fused_groups() == 1
     assert sum(torchneuron.get_fused_ops().values()) == 5
-    fusion(False)
-    _busy()
-    _bits_equal(fused, program())
+    _bits_equal(fused, unfused)
     torch.testing.assert_close(fused.cpu(), torch.softmax(x.cpu(), -1))
 
 
@@ -365,11 +359,7 @@ def test_library_functions_and_streamed_results_match_unfused(fusion, n, dtype):
         y = torch.exp(y) + torch.log(h) - torch.sin(y)
         return h, torch.atan(torch.sigmoid(y)) * torch.sqrt(h) + torch.erf(b)  # 16 members: a whole group
 
-    torchneuron.clear_op_tracking()
-    _busy()
-    fused = program()
+    fused, unfused = _fused_and_unfused(fusion, program)
     assert torchneuron._C._fused_groups() == 1
-    fusion(False)
-    _busy()
-    for x, y in zip(fused, program()):
+    for x, y in zip(fused, unfused):
         _bits_equal(x, y)

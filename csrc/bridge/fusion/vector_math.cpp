@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 
 // SLEEF's exp, linked into libtorch_cpu. Weak: a build without it leaves
 // sigmoid to ATen instead of failing to load.
@@ -47,27 +48,22 @@ T sigmoid_scalar(T x) {
   return T(1) / (T(1) + std::exp(-x));
 }
 
-// ATen's vectorized loop: pairs of vectors, then the remainder in scalar code.
-__attribute__((target("avx512f"))) void sigmoid_avx512(float* out, const float* x, int64_t n) {
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512i sign = _mm512_set1_epi32(int32_t(0x80000000u));
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32)
-    for (int64_t k = i; k < i + 32; k += 16) {
-      const __m512 neg = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(x + k)), sign));
-      _mm512_storeu_ps(out + k, _mm512_div_ps(one, _mm512_add_ps(Sleef_expf16_u10(neg), one)));
-    }
-  for (; i < n; ++i) out[i] = sigmoid_scalar(x[i]);
-}
+__attribute__((target("avx512f"))) __m512 sleef_exp(__m512 v) { return Sleef_expf16_u10(v); }
+__attribute__((target("avx512f"))) __m512d sleef_exp(__m512d v) { return Sleef_expd8_u10(v); }
 
-__attribute__((target("avx512f"))) void sigmoid_avx512(double* out, const double* x, int64_t n) {
-  const __m512d one = _mm512_set1_pd(1.0);
-  const __m512i sign = _mm512_set1_epi64(int64_t(0x8000000000000000ull));
+// ATen's vectorized loop: pairs of vectors of 1 / (exp(-x) + 1) (a negation
+// flips the sign bit, NaNs included), then the remainder in scalar code.
+template <typename T>
+__attribute__((target("avx512f"))) void sigmoid_avx512(T* out, const T* x, int64_t n) {
+  using Vec = std::conditional_t<std::is_same_v<T, float>, __m512, __m512d>;
+  constexpr int64_t lanes = sizeof(Vec) / sizeof(T);
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int64_t k = i; k < i + 16; k += 8) {
-      const __m512d neg = _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(_mm512_loadu_pd(x + k)), sign));
-      _mm512_storeu_pd(out + k, _mm512_div_pd(one, _mm512_add_pd(Sleef_expd8_u10(neg), one)));
+  for (; i + 2 * lanes <= n; i += 2 * lanes)
+    for (int64_t k = i; k < i + 2 * lanes; k += lanes) {
+      Vec v;
+      std::memcpy(&v, x + k, sizeof v);
+      v = T(1) / (sleef_exp(-v) + T(1));
+      std::memcpy(out + k, &v, sizeof v);
     }
   for (; i < n; ++i) out[i] = sigmoid_scalar(x[i]);
 }
