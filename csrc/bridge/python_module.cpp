@@ -10,6 +10,7 @@
 #include "generator.h"
 #include "fusion/elementwise_fusion.h"
 #include "op_tracking.h"
+#include "ops/result_placement.h"
 #include "python_tasks.h"
 
 namespace py = pybind11;
@@ -108,6 +109,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
+  // Results computed in device memory (result_placement.h), for tests.
+  m.def("_result_placement_counts", [] {
+    auto [in_place, copied] = placement_counts();
+    py::dict d;
+    d["in_place"] = in_place;
+    d["copied"] = copied;
+    return d;
+  });
+  m.def("_placement_retention_error", &placement_retention_error);
   // Generated C++ kernels of torch.compile (torchneuron/compile/launch.py).
   m.def(
       "_launch_cpp_kernel",
