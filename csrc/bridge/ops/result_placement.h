@@ -17,15 +17,21 @@
 // each result last time, and the next call places that one.
 //
 // Safety: placed memory belongs to the device allocator, so no CPU allocation
-// made of it may outlive the task. The CPU allocator is used directly (tensors)
-// and through its raw interface (oneDNN's buffers, via ideep's engine
-// allocator); both releases are recorded. Kernels were seen to give back every
-// allocation they do not return: for oneDNN's convolution forward and backward
-// the reordered inputs and weights, the blocked results and the scratchpad are
-// freed before the call returns, and its primitive caches hold no allocator
-// memory. That is not assumed: once the task has copied what was not in place
-// and dropped the kernel's results, any placed block not given back is an
-// internal error, raised with the task, before the memory can be reused.
+// made of it may outlive the task. Kernels reach the CPU allocator directly
+// (at::empty) and through its raw interface (oneDNN's buffers: PyTorch
+// registers raw_allocate/raw_deallocate as ideep's engine allocator); a
+// placed block records its release on both paths. Instrumenting the allocator
+// around aten::convolution and convolution_backward (PyTorch 2.13; contiguous
+// forward and backward, channels-last forward; first and later calls) showed
+// every allocation other than the results given back before the call
+// returns: the reordered inputs
+// and weights, the blocked results and the scratchpad; the primitive caches
+// hold no allocator memory. That is checked, not assumed: once the task has
+// copied what was not in place and dropped the kernel's results, a placed
+// block not given back is an internal error, raised with the task, while the
+// device tensor still owns the memory. What no allocator can see, and the
+// check cannot catch, is a kernel keeping a bare pointer into a result
+// without a reference to its storage.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -47,9 +53,8 @@ bool places_results(const std::string& op_name);
 // returned each result (numbered in the order of the flattened outputs). The
 // requests a kernel makes depend on its arguments' shapes and layouts
 // (oneDNN reorders an input into a buffer that may have the result's size
-// too), so answers are kept per call signature, in a small direct-mapped
-// table shared by the executor threads: a stale or evicted answer only costs
-// a copy.
+// too), so answers are kept per call signature, in a direct-mapped table
+// shared by the executor threads: a stale or evicted answer only costs a copy.
 class PlacementHistory {
  public:
   std::optional<size_t> request(uint64_t call, size_t result) const {
@@ -65,7 +70,7 @@ class PlacementHistory {
 
  private:
   static uint64_t tag(uint64_t call, size_t result) { return ((call + result) * 0x9E3779B97F4A7C15ull) >> 16; }
-  std::array<std::atomic<uint64_t>, 64> slots_{};  // tag << 16 | (request + 1); 0: empty
+  std::array<std::atomic<uint64_t>, 256> slots_{};  // tag << 16 | (request + 1); 0: empty
 };
 
 // Places the results of one kernel call made on this thread between
