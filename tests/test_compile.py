@@ -130,6 +130,15 @@ def test_conv_net_keeps_the_device_layout():
     ops = torchneuron.get_executed_ops()
     assert ops.get("aten::convolution") == 2, ops
     assert len([k for k in ops if k.startswith("compiled::")]) == 2, ops
+    # and no copies: the convolutions compute into device memory (after the
+    # first call, which finds out which of oneDNN's allocations is the result)
+    torch.neuron.synchronize()
+    before = torchneuron._C._result_placement_counts()
+    with torch.no_grad():
+        cm(x.to(DEV))
+    torch.neuron.synchronize()
+    after = torchneuron._C._result_placement_counts()
+    assert {k: after[k] - before[k] for k in before} == {"in_place": 2, "copied": 0}
 
 
 def test_gpt_training_fullgraph():

@@ -11,6 +11,7 @@
 #include "fusion/elementwise_fusion.h"
 #include "fusion/vector_math.h"
 #include "op_tracking.h"
+#include "ops/result_placement.h"
 #include "python_tasks.h"
 
 namespace py = pybind11;
@@ -112,6 +113,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_fusion_computes_like_aten", [](const std::string& op, at::ScalarType dtype) {
     return vector_math::like_aten(op, dtype) != nullptr;
   });
+  // Results computed in device memory (result_placement.h), for tests.
+  m.def("_result_placement_counts", [] {
+    auto [in_place, copied] = placement_counts();
+    py::dict d;
+    d["in_place"] = in_place;
+    d["copied"] = copied;
+    return d;
+  });
+  m.def("_placement_retention_error", &placement_retention_error);
   // Generated C++ kernels of torch.compile (torchneuron/compile/launch.py).
   m.def(
       "_launch_cpp_kernel",

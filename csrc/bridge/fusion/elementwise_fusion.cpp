@@ -279,11 +279,9 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
           s.at(row, lo, len);
           into.emplace_back(s.alias);
         }
-        {
-          PlaceResults placing(into, /*enabled=*/true);
-          members[m].call.op.callBoxed(&stack);
-        }
-        settle_results(stack, into);
+        PlaceResults placing(into, /*enabled=*/true);
+        members[m].call.op.callBoxed(&stack);
+        placing.settle(std::move(stack));
         ++m;
       } catch (const std::exception& e) {
         throw std::runtime_error("in fused member " + members[m].call.name + ": " + e.what());

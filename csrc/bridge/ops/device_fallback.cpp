@@ -98,6 +98,7 @@ struct OpTraits {
   std::string task_name;         // "aten::add.Tensor", for errors and the profiler
   bool fusable = false;          // a candidate for adaptive-eager fusion
   bool place_results = false;    // the kernel may compute into device memory (result_placement.h)
+  std::unique_ptr<PlacementHistory> placement_history;  // with place_results: learned by its calls
   std::optional<c10::OperatorHandle> out_op;  // the out= overload of a functional op
   OpCounter* counter = nullptr;  // this op's slot in op tracking
 };
@@ -140,6 +141,7 @@ OpTraits& make_traits(const c10::OperatorHandle& op) {
   t.task_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());
   t.fusable = is_fusable(schema);
   t.place_results = places_results(name);
+  if (t.place_results) t.placement_history = std::make_unique<PlacementHistory>();
   t.out_op = out_variant_of(op);
   t.counter = &op_counter(schema.operator_name());
   return t;
@@ -512,14 +514,13 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
             return;
           }
           outputs.make();
-          {
-            PlaceResults placing(outputs.values, traits.place_results);
-            op.callBoxed(&s);
-          }
+          PlaceResults placing(outputs.values, traits.place_results, traits.placement_history.get(), s);
+          op.callBoxed(&s);
           std::vector<c10::IValue> results;
           for (size_t i = 0; i < s.size(); ++i)
-            if (traits.source[i] < 0) results.push_back(s[i]);
-          settle_results(results, outputs.values);
+            if (traits.source[i] < 0) results.push_back(std::move(s[i]));
+          s.clear();
+          placing.settle(std::move(results));
         });
   });
   torch::jit::drop(*stack, n);
