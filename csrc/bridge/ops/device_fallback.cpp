@@ -91,6 +91,7 @@ struct OpTraits {
   bool data_dependent = false;
   bool host_indices = false;
   std::vector<size_t> generators;
+  std::vector<bool> is_tensor_list;  // per argument: Tensor[] or Tensor?[]
   std::atomic<bool> no_meta{false};
   bool verify_meta = false;      // several tensor results: check meta once per signature
   std::mutex verdict_mu;
@@ -120,6 +121,8 @@ OpTraits& make_traits(const c10::OperatorHandle& op) {
         (kind == c10::TypeKind::OptionalType &&
          args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))
       t.generators.push_back(i);
+    const auto list = args[i].type()->cast<c10::ListType>();
+    t.is_tensor_list.push_back(list && is_tensor_type(list->getElementType()));
   }
   size_t tensor_results = 0;
   for (const auto& r : schema.returns()) {
@@ -271,6 +274,14 @@ void run_view(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit:
   }
 }
 
+// A host tensor argument as a device task sees it: a snapshot taken at the
+// launch, as a copy to the device would be.
+at::Tensor snapshot(const at::Tensor& host_tensor) {
+  auto copy = host_tensor.clone();
+  if (host_tensor.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return copy;
+}
+
 // Host-side form of an argument for a device task: device tensors become
 // aliases; host tensors (scalars, indices) are snapshotted now, as a copy to
 // the device at launch would; generators become this op's claimed engine.
@@ -282,10 +293,7 @@ c10::IValue task_arg(const c10::IValue& a, size_t i, const OpTraits& traits, c10
   return map_tensors(a, [&](const at::Tensor& t) {
     if (!t.defined()) return t;
     if (t.device().type() == kNeuron) return host_alias(t, resizable);
-    if (!snapshot_host) return t;
-    auto copy = t.clone();
-    if (t.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
-    return copy;
+    return snapshot_host ? snapshot(t) : t;
   });
 }
 
@@ -346,20 +354,60 @@ MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::Array
   return MetaFailure::Other;
 }
 
-// What a queued task gets: host values now, plain device tensors as metadata
-// only (DeferredAlias: the task makes their aliases when it runs).
+// What a queued task gets: host values now, device tensors as metadata only
+// (DeferredAlias: the task makes their aliases when it runs), whether they
+// are arguments of their own or elements of a Tensor[] / Tensor?[] list.
 struct TaskValues {
+  struct Deferred {
+    size_t index = 0;     // into values
+    int64_t element = -1; // the list element it fills, or -1 for values[index] itself
+    DeferredAlias alias;
+  };
   std::vector<c10::IValue> values;
-  c10::SmallVector<std::pair<size_t, DeferredAlias>, 3> deferred;  // index into values
+  c10::SmallVector<Deferred, 3> deferred;
+
   void add(const at::Tensor& device_tensor) {
-    auto& [i, d] = deferred.emplace_back();  // in place: a DeferredAlias is large to move
-    i = values.size();
-    d.assign(device_tensor);
+    defer(values.size(), -1, device_tensor);
     values.emplace_back();
   }
+  // A list whose device tensors are left empty (undefined or None) until
+  // make(); host tensors in it are snapshotted.
+  void add_list(const c10::IValue& list) {
+    const size_t index = values.size();
+    auto element = [&](const at::Tensor& t, int64_t k) {
+      if (!t.defined() || t.device().type() != kNeuron) return t.defined() ? snapshot(t) : t;
+      defer(index, k, t);
+      return at::Tensor();
+    };
+    if (list.isTensorList()) {
+      c10::List<at::Tensor> tensors = list.toTensorList(), copy;
+      copy.reserve(tensors.size());
+      for (size_t k = 0; k < tensors.size(); ++k) copy.push_back(element(tensors[k], static_cast<int64_t>(k)));
+      values.emplace_back(std::move(copy));
+    } else {
+      c10::List<std::optional<at::Tensor>> tensors = list.toOptionalTensorList(), copy;
+      copy.reserve(tensors.size());
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        std::optional<at::Tensor> t = tensors[k];
+        copy.push_back(t ? std::optional<at::Tensor>(element(*t, static_cast<int64_t>(k))) : std::nullopt);
+      }
+      values.emplace_back(std::move(copy));
+    }
+  }
   void make(bool resizable = false) {
-    for (auto& [i, d] : deferred) values[i] = d.make(resizable);
+    for (const auto& d : deferred) {
+      if (d.element < 0) values[d.index] = d.alias.make(resizable);
+      else values[d.index].toList().set(d.element, d.alias.make(resizable));
+    }
     deferred.clear();
+  }
+
+ private:
+  void defer(size_t index, int64_t element, const at::Tensor& device_tensor) {
+    auto& d = deferred.emplace_back();  // in place: a DeferredAlias is large to move
+    d.index = index;
+    d.element = element;
+    d.alias.assign(device_tensor);
   }
 };
 
@@ -461,6 +509,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
         args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().device().type() == kNeuron;
     if (device_tensor && !is_generator_arg(traits, i))
       task_args.add(args[i].toTensor());
+    else if (traits.is_tensor_list[i] && args[i].isList())
+      task_args.add_list(args[i]);
     else
       task_args.values.push_back(task_arg(args[i], i, traits, device, true, false));
   }
@@ -504,11 +554,11 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
             std::vector<at::Tensor> flexible;
             for (auto& o : outputs.values)
               flexible.push_back(o.isTensor() ? host_alias(o.toTensor(), /*resizable=*/true) : at::Tensor());
-            for (auto& [i, d] : outputs.deferred) flexible[i] = d.make(/*resizable=*/true);
+            for (const auto& d : outputs.deferred) flexible[d.index] = d.alias.make(/*resizable=*/true);
             for (auto& f : flexible) s.push_back(f);
             out_op->callBoxed(&s);
-            for (auto& [i, d] : outputs.deferred)
-              if (flexible[i].storage().data() != d.data) d.make().copy_(flexible[i]);
+            for (const auto& d : outputs.deferred)
+              if (flexible[d.index].storage().data() != d.alias.data) d.alias.make().copy_(flexible[d.index]);
             return;
           }
           outputs.make();
