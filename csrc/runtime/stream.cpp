@@ -23,7 +23,7 @@ Stream::~Stream() {
   if (executor_.joinable()) executor_.join();
 }
 
-uint64_t Stream::enqueue(std::string name, std::function<void()> run) {
+uint64_t Stream::enqueue(TaskName name, TaskBody run) {
   Task task;
   task.name = std::move(name);
   task.run = std::move(run);
@@ -65,9 +65,9 @@ void Stream::run_one(Task& task) {
   try {
     task.run();
   } catch (const std::exception& e) {
-    device_.record_error(AsyncError(device_.index(), id_, task.name, e.what()));
+    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), e.what()));
   } catch (...) {
-    device_.record_error(AsyncError(device_.index(), id_, task.name, "unknown exception"));
+    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), "unknown exception"));
   }
   task.finished_ns = now_ns();
   device_.observe(id_, task);

@@ -32,7 +32,7 @@ class Stream {
   // Queues a task and returns its sequence number. Under NEURON_LAUNCH_BLOCKING
   // the task has run (and any error has been raised) when this returns.
   uint64_t enqueue(Task task);
-  uint64_t enqueue(std::string name, std::function<void()> run);
+  uint64_t enqueue(TaskName name, TaskBody run);
 
   // Sequence number of the newest queued task (0 if none yet).
   uint64_t last_enqueued() const { return enqueued_.load(std::memory_order_acquire); }

@@ -455,12 +455,11 @@ LaunchPool& launch_pool() {
   return *pool;
 }
 
-// Owns a Launch for the task's closure. std::function wants a copyable
-// callable; queued tasks are only moved, but a copy gets its own record.
+// Owns a Launch for the task's closure.
 class LaunchRef {
  public:
   LaunchRef() : p_(launch_pool().take()) {}
-  LaunchRef(const LaunchRef& o) : p_(launch_pool().take()) { *p_ = *o.p_; }
+  LaunchRef(const LaunchRef&) = delete;
   LaunchRef(LaunchRef&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
   LaunchRef& operator=(const LaunchRef&) = delete;
   LaunchRef& operator=(LaunchRef&&) = delete;
@@ -522,12 +521,11 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
     all_defined &= traits.source[i] >= 0 || (results[i].isTensor() && results[i].toTensor().defined());
   const size_t fresh = outputs.values.size();
   auto out_op = all_defined && fresh == r && r > 0 ? traits.out_op : std::nullopt;
-  std::string name = traits.task_name;
   rt::Stream& stream = current_runtime_stream(device);
   if (traits.fusable && large && all_defined && adaptive_eager_enabled()) {
     task_args.make();
     outputs.make();
-    ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, name};
+    ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, traits.task_name};
     if (out_op)
       call.args.insert(call.args.end(), outputs.values.begin(), outputs.values.end());
     else
@@ -540,7 +538,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   }
   translate_errors([&] {
     stream.enqueue(
-        std::move(name),
+        rt::TaskName::borrow(traits.task_name),  // traits live as long as the process
         [op, out_op, &traits, launch = std::move(launch)] {
           TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
           auto guard = below_autograd();
