@@ -73,9 +73,14 @@ void Stream::run_one(Task& task) {
   device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
   task.payload.reset();
-  std::lock_guard<std::mutex> lock(mu_);
-  completed_.store(task.seq, std::memory_order_release);
-  if (host_waiters_ > 0) done_cv_.notify_all();
+  // Without the lock unless a host waits: a waiter registers (under the lock)
+  // before it reads completed_, and both sides' accesses are sequentially
+  // consistent, so either this sees the waiter or the waiter sees this store.
+  completed_.store(task.seq, std::memory_order_seq_cst);
+  if (host_waiters_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_cv_.notify_all();
+  }
 }
 
 void Stream::executor_loop() {
@@ -118,7 +123,7 @@ void Stream::wait_until(uint64_t seq) {
   std::unique_lock<std::mutex> lock(mu_);
   ++host_waiters_;
   if (executor_sleeping_) work_cv_.notify_one();  // a lingering task starts now
-  done_cv_.wait(lock, [&] { return is_complete(seq); });
+  done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_seq_cst) >= seq; });
   --host_waiters_;
 }
 

@@ -419,52 +419,78 @@ struct Launch {
   TaskValues task_args, outputs;
 };
 
+// Recycled records. Each thread keeps its own few and trades them with the
+// shared list a batch at a time: the host takes records and the executor
+// gives them back, and one lock per record would pass the lock's cache line
+// between the two cores at every launch.
 class LaunchPool {
  public:
+  static LaunchPool& instance() {
+    static LaunchPool* pool = new LaunchPool();  // never destroyed: executors may outlive statics
+    return *pool;
+  }
+
   Launch* take() {
-    {
+    Local& local = local_records();
+    if (local.records.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        Launch* l = free_.back();
-        free_.pop_back();
-        return l;
-      }
+      const size_t n = std::min(kBatch, shared_.size());
+      local.records.assign(shared_.end() - n, shared_.end());
+      shared_.resize(shared_.size() - n);
     }
-    return new Launch();
+    if (local.records.empty()) return new Launch();
+    Launch* l = local.records.back();
+    local.records.pop_back();
+    return l;
   }
   void give(Launch* l) {
     for (TaskValues* v : {&l->task_args, &l->outputs}) {
       v->values.clear();
       v->deferred.clear();
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (free_.size() < kKept) return free_.push_back(l);
-    }
-    delete l;
+    Local& local = local_records();
+    local.records.push_back(l);
+    if (local.records.size() >= 2 * kBatch) give_back(local, kBatch);
   }
 
  private:
+  static constexpr size_t kBatch = 32;
   static constexpr size_t kKept = 1024;  // about the most tasks a burst keeps in flight
-  std::mutex mu_;
-  std::vector<Launch*> free_;
-};
 
-LaunchPool& launch_pool() {
-  static LaunchPool* pool = new LaunchPool();  // never destroyed: executors may outlive statics
-  return *pool;
-}
+  struct Local {
+    std::vector<Launch*> records;
+    ~Local() { instance().give_back(*this, records.size()); }  // a thread that ends hands its records on
+  };
+  static Local& local_records() {
+    static thread_local Local local;
+    return local;
+  }
+  void give_back(Local& local, size_t n) {
+    auto first = local.records.end() - static_cast<std::ptrdiff_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = first; it != local.records.end(); ++it) {
+        if (shared_.size() < kKept) shared_.push_back(*it);
+        else delete *it;
+      }
+    }
+    local.records.erase(first, local.records.end());
+  }
+
+  std::mutex mu_;
+  std::vector<Launch*> shared_;
+};
 
 // Owns a Launch for the task's closure.
 class LaunchRef {
  public:
-  LaunchRef() : p_(launch_pool().take()) {}
+  LaunchRef() : p_(LaunchPool::instance().take()) {}
   LaunchRef(const LaunchRef&) = delete;
   LaunchRef(LaunchRef&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
   LaunchRef& operator=(const LaunchRef&) = delete;
   LaunchRef& operator=(LaunchRef&&) = delete;
   ~LaunchRef() {
-    if (p_) launch_pool().give(p_);
+    if (p_) LaunchPool::instance().give(p_);
   }
   Launch* operator->() const { return p_; }
 
