@@ -23,7 +23,7 @@ Stream::~Stream() {
   if (executor_.joinable()) executor_.join();
 }
 
-uint64_t Stream::enqueue(std::string name, std::function<void()> run) {
+uint64_t Stream::enqueue(TaskName name, TaskBody run) {
   Task task;
   task.name = std::move(name);
   task.run = std::move(run);
@@ -65,17 +65,22 @@ void Stream::run_one(Task& task) {
   try {
     task.run();
   } catch (const std::exception& e) {
-    device_.record_error(AsyncError(device_.index(), id_, task.name, e.what()));
+    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), e.what()));
   } catch (...) {
-    device_.record_error(AsyncError(device_.index(), id_, task.name, "unknown exception"));
+    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), "unknown exception"));
   }
   task.finished_ns = now_ns();
   device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
   task.payload.reset();
-  std::lock_guard<std::mutex> lock(mu_);
-  completed_.store(task.seq, std::memory_order_release);
-  if (host_waiters_ > 0) done_cv_.notify_all();
+  // Without the lock unless a host waits: a waiter registers (under the lock)
+  // before it reads completed_, and both sides' accesses are sequentially
+  // consistent, so either this sees the waiter or the waiter sees this store.
+  completed_.store(task.seq, std::memory_order_seq_cst);
+  if (host_waiters_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_cv_.notify_all();
+  }
 }
 
 void Stream::executor_loop() {
@@ -118,7 +123,7 @@ void Stream::wait_until(uint64_t seq) {
   std::unique_lock<std::mutex> lock(mu_);
   ++host_waiters_;
   if (executor_sleeping_) work_cv_.notify_one();  // a lingering task starts now
-  done_cv_.wait(lock, [&] { return is_complete(seq); });
+  done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_seq_cst) >= seq; });
   --host_waiters_;
 }
 

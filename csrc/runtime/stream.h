@@ -32,7 +32,7 @@ class Stream {
   // Queues a task and returns its sequence number. Under NEURON_LAUNCH_BLOCKING
   // the task has run (and any error has been raised) when this returns.
   uint64_t enqueue(Task task);
-  uint64_t enqueue(std::string name, std::function<void()> run);
+  uint64_t enqueue(TaskName name, TaskBody run);
 
   // Sequence number of the newest queued task (0 if none yet).
   uint64_t last_enqueued() const { return enqueued_.load(std::memory_order_acquire); }
@@ -65,7 +65,9 @@ class Stream {
   std::deque<Task> queue_;
   std::atomic<uint64_t> enqueued_{0};
   std::atomic<uint64_t> completed_{0};
-  int host_waiters_ = 0;             // guarded by mu_
+  // Hosts blocked in wait_until (changed under mu_). An executor finishing a
+  // task takes mu_ to wake them only when there are any.
+  std::atomic<int> host_waiters_{0};
   bool executor_sleeping_ = false;   // guarded by mu_
   bool stopping_ = false;            // guarded by mu_
   std::thread executor_;             // started on first enqueue

@@ -3,10 +3,14 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <new>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 
 namespace torchneuron::runtime {
 
@@ -16,9 +20,117 @@ inline int64_t now_ns() {
       .count();
 }
 
+// A task's name: the operator it executes, for errors and the profiler. A
+// name that outlives the task (an operator's, which the bridge keeps for the
+// life of the process) is borrowed, so a launch copies nothing; any other
+// name is owned.
+class TaskName {
+ public:
+  TaskName() = default;
+  TaskName(std::string name) : owned_(std::move(name)) {}
+  TaskName(const char* name) : owned_(name) {}
+  static TaskName borrow(const std::string& lasting) {
+    TaskName n;
+    n.borrowed_ = &lasting;
+    return n;
+  }
+
+  const std::string& str() const { return borrowed_ ? *borrowed_ : owned_; }
+  TaskName& operator+=(std::string_view more) {
+    if (borrowed_) owned_ = *std::exchange(borrowed_, nullptr);
+    owned_ += more;
+    return *this;
+  }
+
+ private:
+  std::string owned_;
+  const std::string* borrowed_ = nullptr;
+};
+
+// A task's work: a move-only callable, kept inline when its captures fit (the
+// bridge's closures do), so that a launch allocates nothing for the executor
+// thread to free. glibc serves such cross-thread pairs through its locked
+// arena, at hundreds of instructions a block on both threads.
+class TaskBody {
+ public:
+  TaskBody() = default;
+  TaskBody(std::nullptr_t) {}
+  template <class F, class Fn = std::decay_t<F>,
+            class = std::enable_if_t<!std::is_same_v<Fn, TaskBody> && std::is_invocable_v<Fn&>>>
+  TaskBody(F&& f) {
+    if constexpr (kInline<Fn>) {
+      new (storage_) Fn(std::forward<F>(f));
+    } else {
+      *reinterpret_cast<Fn**>(storage_) = new Fn(std::forward<F>(f));
+    }
+    ops_ = &kOps<Fn>;
+  }
+  TaskBody(TaskBody&& o) noexcept { take(o); }
+  TaskBody& operator=(TaskBody&& o) noexcept {
+    if (this != &o) {
+      reset();
+      take(o);
+    }
+    return *this;
+  }
+  TaskBody& operator=(std::nullptr_t) {
+    reset();
+    return *this;
+  }
+  ~TaskBody() { reset(); }
+
+  explicit operator bool() const { return ops_ != nullptr; }
+  void operator()() { ops_->call(storage_); }
+
+ private:
+  static constexpr size_t kInlineBytes = 64;
+  template <class Fn>
+  static constexpr bool kInline = sizeof(Fn) <= kInlineBytes && alignof(Fn) <= alignof(std::max_align_t) &&
+                                  std::is_nothrow_move_constructible_v<Fn>;
+
+  struct Ops {
+    void (*call)(void* storage);
+    void (*move)(void* to, void* from);  // and destroys `from`
+    void (*destroy)(void* storage);
+  };
+  template <class Fn>
+  static Fn& target(void* storage) {
+    if constexpr (kInline<Fn>) return *static_cast<Fn*>(storage);
+    else return **static_cast<Fn**>(storage);
+  }
+  template <class Fn>
+  static constexpr Ops kOps = {
+      [](void* s) { target<Fn>(s)(); },
+      [](void* to, void* from) {
+        if constexpr (kInline<Fn>) {
+          new (to) Fn(std::move(target<Fn>(from)));
+          target<Fn>(from).~Fn();
+        } else {
+          *static_cast<Fn**>(to) = *static_cast<Fn**>(from);
+        }
+      },
+      [](void* s) {
+        if constexpr (kInline<Fn>) target<Fn>(s).~Fn();
+        else delete *static_cast<Fn**>(s);
+      }};
+
+  void take(TaskBody& o) {
+    if (!o.ops_) return;
+    o.ops_->move(storage_, o.storage_);
+    ops_ = std::exchange(o.ops_, nullptr);
+  }
+  void reset() {
+    // The captures' destructors may launch work of their own: clear first.
+    if (const Ops* ops = std::exchange(ops_, nullptr)) ops->destroy(storage_);
+  }
+
+  alignas(std::max_align_t) unsigned char storage_[kInlineBytes];
+  const Ops* ops_ = nullptr;
+};
+
 struct Task {
-  std::string name;
-  std::function<void()> run;
+  TaskName name;
+  TaskBody run;
   uint64_t seq = 0;          // 1-based position in its stream, set on enqueue
   int64_t enqueued_ns = 0;   // host time of the launch
   int64_t started_ns = 0;    // device time the task began

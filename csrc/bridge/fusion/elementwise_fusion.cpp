@@ -481,6 +481,11 @@ bool FusedGroup::compatible(const std::vector<Operand>& operands) const {
 const char kFusedTag = 0;  // payload type marker
 using TaggedGroup = std::pair<const char*, FusedGroup>;
 
+// Fused groups queued and not started yet, on any stream. A free looks for a
+// group at its stream's tail, under the stream's lock, only when there may be
+// one: most frees happen with none waiting.
+std::atomic<int64_t> waiting_groups{0};
+
 FusedGroup* group_of(runtime::Task& task) {
   if (!task.payload) return nullptr;
   auto* tagged = static_cast<TaggedGroup*>(task.payload.get());
@@ -547,13 +552,17 @@ bool enqueue_fusable(runtime::Stream& stream, ElementwiseCall& call) {
   task.payload = state;
   task.linger_ns = kLingerNs;
   FusedGroup* group = &g;
-  task.run = [state, group] { group->run(); };
+  task.run = [state, group] {
+    waiting_groups.fetch_sub(1, std::memory_order_relaxed);  // no longer in a queue: nobody amends it
+    group->run();
+  };
+  waiting_groups.fetch_add(1);
   stream.enqueue(std::move(task));
   return true;
 }
 
 void release_from_pending_group(runtime::Stream& stream, const void* ptr, size_t nbytes) {
-  if (!adaptive_eager_enabled()) return;
+  if (waiting_groups.load() == 0 || !adaptive_eager_enabled()) return;
   const auto begin = reinterpret_cast<uintptr_t>(ptr);
   stream.amend_pending_tail([&](runtime::Task& tail) {
     if (FusedGroup* g = group_of(tail)) g->elide(begin, begin + nbytes);

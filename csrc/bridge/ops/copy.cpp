@@ -9,6 +9,7 @@
 //                    one device it may fuse with queued element-wise work (a
 //                    cast in a chain: adaptive eager)
 #include <ATen/ATen.h>
+#include <ATen/ops/_local_scalar_dense_native.h>
 
 #include "../device_state.h"
 #include "../fusion/elementwise_fusion.h"
@@ -78,7 +79,11 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   translate_errors([&] { current_runtime_stream(self.device().index()).synchronize(); });
-  return at::_local_scalar_dense(host_alias(self));
+  // Device memory is host-addressable and the stream is done with it: the
+  // CPU kernel reads the value in place, with no alias to make. A conjugate or
+  // negative view goes through the alias, whose dispatch resolves the bit.
+  if (self.is_conj() || self.is_neg()) return at::_local_scalar_dense(host_alias(self));
+  return at::native::_local_scalar_dense_cpu(self);
 }
 
 } // namespace torchneuron::ops

@@ -91,6 +91,7 @@ struct OpTraits {
   bool data_dependent = false;
   bool host_indices = false;
   std::vector<size_t> generators;
+  std::vector<bool> is_tensor_list;  // per argument: Tensor[] or Tensor?[]
   std::atomic<bool> no_meta{false};
   bool verify_meta = false;      // several tensor results: check meta once per signature
   std::mutex verdict_mu;
@@ -121,6 +122,8 @@ OpTraits& make_traits(const c10::OperatorHandle& op) {
         (kind == c10::TypeKind::OptionalType &&
          args[i].type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))
       t.generators.push_back(i);
+    const auto list = args[i].type()->cast<c10::ListType>();
+    t.is_tensor_list.push_back(list && is_tensor_type(list->getElementType()));
   }
   size_t tensor_results = 0;
   for (const auto& r : schema.returns()) {
@@ -273,6 +276,14 @@ void run_view(const c10::OperatorHandle& op, const OpTraits& traits, torch::jit:
   }
 }
 
+// A host tensor argument as a device task sees it: a snapshot taken at the
+// launch, as a copy to the device would be.
+at::Tensor snapshot(const at::Tensor& host_tensor) {
+  auto copy = host_tensor.clone();
+  if (host_tensor.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return copy;
+}
+
 // Host-side form of an argument for a device task: device tensors become
 // aliases; host tensors (scalars, indices) are snapshotted now, as a copy to
 // the device at launch would; generators become this op's claimed engine.
@@ -284,10 +295,7 @@ c10::IValue task_arg(const c10::IValue& a, size_t i, const OpTraits& traits, c10
   return map_tensors(a, [&](const at::Tensor& t) {
     if (!t.defined()) return t;
     if (t.device().type() == kNeuron) return host_alias(t, resizable);
-    if (!snapshot_host) return t;
-    auto copy = t.clone();
-    if (t.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
-    return copy;
+    return snapshot_host ? snapshot(t) : t;
   });
 }
 
@@ -348,20 +356,60 @@ MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::Array
   return MetaFailure::Other;
 }
 
-// What a queued task gets: host values now, plain device tensors as metadata
-// only (DeferredAlias: the task makes their aliases when it runs).
+// What a queued task gets: host values now, device tensors as metadata only
+// (DeferredAlias: the task makes their aliases when it runs), whether they
+// are arguments of their own or elements of a Tensor[] / Tensor?[] list.
 struct TaskValues {
+  struct Deferred {
+    size_t index = 0;     // into values
+    int64_t element = -1; // the list element it fills, or -1 for values[index] itself
+    DeferredAlias alias;
+  };
   std::vector<c10::IValue> values;
-  c10::SmallVector<std::pair<size_t, DeferredAlias>, 3> deferred;  // index into values
+  c10::SmallVector<Deferred, 3> deferred;
+
   void add(const at::Tensor& device_tensor) {
-    auto& [i, d] = deferred.emplace_back();  // in place: a DeferredAlias is large to move
-    i = values.size();
-    d.assign(device_tensor);
+    defer(values.size(), -1, device_tensor);
     values.emplace_back();
   }
+  // A list whose device tensors are left empty (undefined or None) until
+  // make(); host tensors in it are snapshotted.
+  void add_list(const c10::IValue& list) {
+    const size_t index = values.size();
+    auto element = [&](const at::Tensor& t, int64_t k) {
+      if (!t.defined() || t.device().type() != kNeuron) return t.defined() ? snapshot(t) : t;
+      defer(index, k, t);
+      return at::Tensor();
+    };
+    if (list.isTensorList()) {
+      c10::List<at::Tensor> tensors = list.toTensorList(), copy;
+      copy.reserve(tensors.size());
+      for (size_t k = 0; k < tensors.size(); ++k) copy.push_back(element(tensors[k], static_cast<int64_t>(k)));
+      values.emplace_back(std::move(copy));
+    } else {
+      c10::List<std::optional<at::Tensor>> tensors = list.toOptionalTensorList(), copy;
+      copy.reserve(tensors.size());
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        std::optional<at::Tensor> t = tensors[k];
+        copy.push_back(t ? std::optional<at::Tensor>(element(*t, static_cast<int64_t>(k))) : std::nullopt);
+      }
+      values.emplace_back(std::move(copy));
+    }
+  }
   void make(bool resizable = false) {
-    for (auto& [i, d] : deferred) values[i] = d.make(resizable);
+    for (const auto& d : deferred) {
+      if (d.element < 0) values[d.index] = d.alias.make(resizable);
+      else values[d.index].toList().set(d.element, d.alias.make(resizable));
+    }
     deferred.clear();
+  }
+
+ private:
+  void defer(size_t index, int64_t element, const at::Tensor& device_tensor) {
+    auto& d = deferred.emplace_back();  // in place: a DeferredAlias is large to move
+    d.index = index;
+    d.element = element;
+    d.alias.assign(device_tensor);
   }
 };
 
@@ -373,53 +421,78 @@ struct Launch {
   TaskValues task_args, outputs;
 };
 
+// Recycled records. Each thread keeps its own few and trades them with the
+// shared list a batch at a time: the host takes records and the executor
+// gives them back, and one lock per record would pass the lock's cache line
+// between the two cores at every launch.
 class LaunchPool {
  public:
+  static LaunchPool& instance() {
+    static LaunchPool* pool = new LaunchPool();  // never destroyed: executors may outlive statics
+    return *pool;
+  }
+
   Launch* take() {
-    {
+    Local& local = local_records();
+    if (local.records.empty()) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!free_.empty()) {
-        Launch* l = free_.back();
-        free_.pop_back();
-        return l;
-      }
+      const size_t n = std::min(kBatch, shared_.size());
+      local.records.assign(shared_.end() - n, shared_.end());
+      shared_.resize(shared_.size() - n);
     }
-    return new Launch();
+    if (local.records.empty()) return new Launch();
+    Launch* l = local.records.back();
+    local.records.pop_back();
+    return l;
   }
   void give(Launch* l) {
     for (TaskValues* v : {&l->task_args, &l->outputs}) {
       v->values.clear();
       v->deferred.clear();
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (free_.size() < kKept) return free_.push_back(l);
-    }
-    delete l;
+    Local& local = local_records();
+    local.records.push_back(l);
+    if (local.records.size() >= 2 * kBatch) give_back(local, kBatch);
   }
 
  private:
+  static constexpr size_t kBatch = 32;
   static constexpr size_t kKept = 1024;  // about the most tasks a burst keeps in flight
+
+  struct Local {
+    std::vector<Launch*> records;
+    ~Local() { instance().give_back(*this, records.size()); }  // a thread that ends hands its records on
+  };
+  static Local& local_records() {
+    static thread_local Local local;
+    return local;
+  }
+  void give_back(Local& local, size_t n) {
+    auto first = local.records.end() - static_cast<std::ptrdiff_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = first; it != local.records.end(); ++it) {
+        if (shared_.size() < kKept) shared_.push_back(*it);
+        else delete *it;
+      }
+    }
+    local.records.erase(first, local.records.end());
+  }
+
   std::mutex mu_;
-  std::vector<Launch*> free_;
+  std::vector<Launch*> shared_;
 };
 
-LaunchPool& launch_pool() {
-  static LaunchPool* pool = new LaunchPool();  // never destroyed: executors may outlive statics
-  return *pool;
-}
-
-// Owns a Launch for the task's closure. std::function wants a copyable
-// callable; queued tasks are only moved, but a copy gets its own record.
+// Owns a Launch for the task's closure.
 class LaunchRef {
  public:
-  LaunchRef() : p_(launch_pool().take()) {}
-  LaunchRef(const LaunchRef& o) : p_(launch_pool().take()) { *p_ = *o.p_; }
+  LaunchRef() : p_(LaunchPool::instance().take()) {}
+  LaunchRef(const LaunchRef&) = delete;
   LaunchRef(LaunchRef&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
   LaunchRef& operator=(const LaunchRef&) = delete;
   LaunchRef& operator=(LaunchRef&&) = delete;
   ~LaunchRef() {
-    if (p_) launch_pool().give(p_);
+    if (p_) LaunchPool::instance().give(p_);
   }
   Launch* operator->() const { return p_; }
 
@@ -463,6 +536,8 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
         args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().device().type() == kNeuron;
     if (device_tensor && !is_generator_arg(traits, i))
       task_args.add(args[i].toTensor());
+    else if (traits.is_tensor_list[i] && args[i].isList())
+      task_args.add_list(args[i]);
     else
       task_args.values.push_back(task_arg(args[i], i, traits, device, true, false));
   }
@@ -474,12 +549,11 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
     all_defined &= traits.source[i] >= 0 || (results[i].isTensor() && results[i].toTensor().defined());
   const size_t fresh = outputs.values.size();
   auto out_op = all_defined && fresh == r && r > 0 ? traits.out_op : std::nullopt;
-  std::string name = traits.task_name;
   rt::Stream& stream = current_runtime_stream(device);
   if (traits.fusable && large && all_defined && adaptive_eager_enabled()) {
     task_args.make();
     outputs.make();
-    ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, name};
+    ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, traits.task_name};
     if (out_op)
       call.args.insert(call.args.end(), outputs.values.begin(), outputs.values.end());
     else
@@ -492,7 +566,7 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
   }
   translate_errors([&] {
     stream.enqueue(
-        std::move(name),
+        rt::TaskName::borrow(traits.task_name),  // traits live as long as the process
         [op, out_op, &traits, launch = std::move(launch)] {
           TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
           auto guard = below_autograd();
@@ -506,11 +580,11 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
             std::vector<at::Tensor> flexible;
             for (auto& o : outputs.values)
               flexible.push_back(o.isTensor() ? host_alias(o.toTensor(), /*resizable=*/true) : at::Tensor());
-            for (auto& [i, d] : outputs.deferred) flexible[i] = d.make(/*resizable=*/true);
+            for (const auto& d : outputs.deferred) flexible[d.index] = d.alias.make(/*resizable=*/true);
             for (auto& f : flexible) s.push_back(f);
             out_op->callBoxed(&s);
-            for (auto& [i, d] : outputs.deferred)
-              if (flexible[i].storage().data() != d.data) d.make().copy_(flexible[i]);
+            for (const auto& d : outputs.deferred)
+              if (flexible[d.index].storage().data() != d.alias.data) d.alias.make().copy_(flexible[d.index]);
             return;
           }
           outputs.make();

@@ -114,8 +114,10 @@ TEST(pending_tail_can_be_amended_before_it_starts) {
   s.enqueue("gate", [&] { while (!release) std::this_thread::yield(); });
   s.enqueue("set", [&] { value = 1; });
   bool amended = s.amend_pending_tail([&](Task& t) {
-    auto first = t.run;
-    t.run = [first, &value] { first(); value += 10; };
+    t.run = [first = std::move(t.run), &value]() mutable {
+      first();
+      value += 10;
+    };
     t.name += "+add";
     return true;
   });
