@@ -25,10 +25,10 @@
 // forward and backward, channels-last forward; first and later calls) showed
 // every allocation other than the results given back before the call
 // returns (the reordered inputs and weights, the blocked results, the
-// scratchpad); the primitive caches hold no allocator memory. That is checked, not assumed: once the task has
-// copied what was not in place and dropped the kernel's results, a placed
-// block not given back is an internal error, raised with the task, while the
-// device tensor still owns the memory. What no allocator can see, and the
+// scratchpad); the primitive caches hold no allocator memory. That is
+// checked, not assumed: once the task has copied what was not in place and
+// dropped the kernel's results, a placed block not given back is an internal
+// error, raised with the task, while the device tensor still owns the memory. What no allocator can see, and the
 // check cannot catch, is a kernel keeping a bare pointer into a result
 // without a reference to its storage.
 #pragma once
