@@ -194,7 +194,8 @@ def test_two_nan_operands_keep_atens_payload(fusion):
     at = torch.tensor([0, 5, 1000, 32768 - 1, 32768 + 3, n // 2 - 1, n // 2, n // 2 + 1, n - 9, n - 2, n - 1])
     a.view(torch.int32)[at], b.view(torch.int32)[at] = 0x7FC12345, -0x3ABCDF  # 0xFFC54321
     a, b = a.to("neuron"), b.to("neuron")
-    program = lambda: [(a * b).abs() - 1, (a + b) * 3, (b / a).neg() - a, a.clamp(-1, 1) * b]
+    program = lambda: [(a * b).abs() - 1, (a + b) * 3, (b / a).neg() - a, a.clamp(-1, 1) * b,
+                       (a + 0).mul_(b), (b - 0).div_(a) + 1, a * float("nan") - b]  # in place; a NaN Scalar
     _busy()
     fused = program()
     assert torchneuron._C._fused_groups() > 0

@@ -7,6 +7,9 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/accumulate.h>
 
+#include <immintrin.h>
+
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <optional>
@@ -28,6 +31,11 @@ constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
 // stores (stream_copy), unless the group reads it again: it would leave every
 // cache level a core can count on before the next operator reads it.
 constexpr int64_t kStreamBytes = 32 << 20;
+// Exact members prefetch their memory inputs this many slices ahead into
+// L2, each member of a run a share of the lines, so that the requests are
+// spread over the run's compute instead of bunched where the first member
+// reads (a same-process A/B on 16M floats: chains 10-25 % faster).
+constexpr int64_t kPrefetchSlices = 2;
 // An idle device holds a new group back this long after each operator joins
 // it (runtime::Task::linger_ns), for the next one: a host issues an operator
 // in 5-20 us, and a group costs at least a pass over 1M elements (~300 us).
@@ -119,6 +127,14 @@ struct FusedGroup {
   void run_range(int64_t begin, int64_t end, int64_t piece, bool whole = false);
 };
 
+// Prefetches into L2 share `part` of `parts` of the slice of `kSlice`
+// elements (`left` of them before the thread's range ends) at `at`.
+void prefetch_l2(const char* at, int64_t left, size_t itemsize, size_t part, size_t parts) {
+  const int64_t bytes = std::min(kSlice, left) * int64_t(itemsize);
+  for (int64_t b = (bytes * part / parts) & ~63, e = (bytes * (part + 1) / parts) & ~63; b < e; b += 64)
+    _mm_prefetch(at + b, _MM_HINT_T2);
+}
+
 // A tensor whose metadata a piece loop may rewrite: a private TensorImpl over
 // the same storage (the member's own alias may be shared with other threads).
 at::Tensor slice_alias(const at::Tensor& t) {
@@ -160,6 +176,23 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
   // Elided intermediates live in scratch pieces that stay in cache.
   std::vector<at::Tensor> scratch;
   for (const Slot& s : slots) scratch.push_back(at::empty({piece}, at::TensorOptions().dtype(s.dtype)));
+  // A slot that only the members of one run of exact members touch holds
+  // one slice at a time, at its start: it then stays in L1, where a
+  // piece-long one (128 KB and more) would spill each member's writes to L2.
+  std::vector<bool> in_slice(slots.size(), !whole);
+  {
+    std::vector<int64_t> run_of(slots.size(), -1);  // first member of the run using the slot
+    int64_t run = -1;
+    for (size_t m = 0; m < members.size(); ++m) {
+      if (!members[m].exact) run = -1;
+      else if (run < 0) run = int64_t(m);
+      for (const Operand& o : members[m].operands) {
+        if (o.slot < 0) continue;
+        if (run < 0 || (run_of[o.slot] >= 0 && run_of[o.slot] != run)) in_slice[o.slot] = false;
+        run_of[o.slot] = run;
+      }
+    }
+  }
   // Private aliases per member, re-pointed at each piece.
   struct Slice {
     at::Tensor alias;
@@ -178,9 +211,11 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
     const char* base = nullptr;
     int64_t step = 1;
     bool scratch = false;
+    bool in_slice = false;  // a scratch slot holding the current slice only
     at::Tensor held;  // a single element converted to the member's dtype
     const char* at(int64_t piece_lo, int64_t lo, size_t itemsize) const {
-      return base ? base + step * (scratch ? lo - piece_lo : lo) * int64_t(itemsize) : nullptr;
+      if (!base || in_slice) return base;
+      return base + step * (scratch ? lo - piece_lo : lo) * int64_t(itemsize);
     }
   };
   struct Lanes {
@@ -207,6 +242,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
           }
           l.base = static_cast<const char*>((l.held.defined() ? l.held : t).data_ptr());
           l.scratch = o.slot >= 0;
+          l.in_slice = o.slot >= 0 && in_slice[o.slot];
         }
         return l;
       };
@@ -247,11 +283,21 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
           size_t end_run = m;
           while (end_run < members.size() && members[end_run].exact) ++end_run;
           alignas(64) double staging[kSlice];  // a streamed result's slice
+          std::vector<std::pair<const Lane*, size_t>> inputs;  // read from memory: prefetched
+          for (size_t k = first; k < end_run; ++k)
+            for (const Lane* l : {&lanes[k].self, &lanes[k].other})
+              if (l->base && !l->scratch && l->step == 1 &&
+                  std::none_of(inputs.begin(), inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
+                inputs.emplace_back(l, c10::elementSize(members[k].exact->dtype));
           for (int64_t s = lo; s < lo + len; s += kSlice) {
             const int64_t n = std::min(kSlice, lo + len - s);
             for (m = first; m < end_run; ++m) {  // m names the member in errors
               const Lanes& l = lanes[m];
               const size_t size = c10::elementSize(members[m].exact->dtype);
+              // This member's share of the prefetch of a later slice.
+              const int64_t ahead = s + kPrefetchSlices * kSlice;
+              for (auto [input, itemsize] : inputs)
+                prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, m - first, end_run - first);
               char* out = const_cast<char*>(l.out.at(lo, s, size));
               const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
               // Slices start where ATen's vector loop would, so a declined

@@ -49,10 +49,11 @@ struct SliceOperand {
 };
 
 // out[i] = op(self[i], other[i]) for i < n; `other.data` is null for a
-// unary kind or a Scalar `other`. Returns false, writing nothing, when some
-// element has two NaN operands: which payload survives then differs between
-// ATen's vector and scalar loops (for mul, on x86), so only ATen's kernel run
-// on the same slice (run_with_aten) reproduces it.
+// unary kind or a Scalar `other`. Returns false when some element has two
+// NaN operands: which payload survives then differs between ATen's vector
+// and scalar loops (for mul, on x86), so only ATen's kernel run on the same
+// slice (run_with_aten) reproduces it. `out` may be partly written then, but
+// never when it is an input.
 bool run_exact(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
 void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
 
