@@ -269,6 +269,43 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       }
     }
   }
+  // The run of exact members [first, end) as a chain (exact_arithmetic.h),
+  // or empty if it is not one: a library function, two dtypes, a slot read
+  // by any member but the one after its writer, a memory operand that an
+  // earlier member of the run writes.
+  auto chain_of = [&](size_t first, size_t end) {
+    std::vector<ChainStep> chain;
+    auto written_before = [&](size_t k, const char* base) {
+      for (size_t j = first; j < k; ++j)
+        if (!lanes[j].out.scratch && lanes[j].out.base == base) return true;
+      return false;
+    };
+    for (size_t k = first; k < end; ++k) {
+      const ExactArithmetic& op = *members[k].exact;
+      const Lanes& l = lanes[k];
+      if (op.kind == ExactArithmetic::Kind::Function || op.dtype != members[first].exact->dtype ||
+          (l.out.scratch && !l.out.in_slice))
+        return std::vector<ChainStep>{};
+      ChainStep step{&op};
+      for (auto [lane, operand] : {std::pair{&l.self, &step.self}, std::pair{&l.other, &step.other}}) {
+        if (!lane->base) continue;  // absent, or a Scalar
+        if (k > first && lane->base == lanes[k - 1].out.base && lane->scratch == lanes[k - 1].out.scratch)
+          operand->kind = ChainOperand::Previous;
+        else if (lane->step == 0)
+          *operand = {ChainOperand::Single, lane->base};
+        else if (!lane->scratch && !written_before(k, lane->base))
+          *operand = {ChainOperand::Memory, lane->base};
+        else
+          return std::vector<ChainStep>{};
+      }
+      if (!l.out.scratch) {
+        step.out = const_cast<char*>(l.out.base);
+        step.stream = l.stream;
+      }
+      chain.push_back(step);
+    }
+    return chain;
+  };
   struct StreamFence {  // streamed stores land before the task can complete, even on an error
     ~StreamFence() { end_streaming(); }
   } fence;
@@ -289,8 +326,8 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               if (l->base && !l->scratch && l->step == 1 &&
                   std::none_of(inputs.begin(), inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
                 inputs.emplace_back(l, c10::elementSize(members[k].exact->dtype));
-          for (int64_t s = lo; s < lo + len; s += kSlice) {
-            const int64_t n = std::min(kSlice, lo + len - s);
+          // One slice, or part of one, member by member in L1.
+          auto run_members = [&](int64_t s, int64_t n) {
             for (m = first; m < end_run; ++m) {  // m names the member in errors
               const Lanes& l = lanes[m];
               const size_t size = c10::elementSize(members[m].exact->dtype);
@@ -308,7 +345,22 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               else if (l.stream)
                 stream_copy(out, into, n * size);
             }
+          };
+          const std::vector<ChainStep> chain = chain_of(first, end_run);
+          const c10::ScalarType dtype = members[first].exact->dtype;
+          const int64_t chunk = chain.empty() ? 0 : chain_chunk(dtype);
+          for (int64_t s = lo; s < lo + len; s += kSlice) {
+            const int64_t n = std::min(kSlice, lo + len - s);
+            // A chain computes whole chunks in registers, up to a chunk in
+            // which run_exact would decline; members compute the rest.
+            for (int64_t i = 0; i < n;) {
+              if (chunk) i += run_chain(chain, dtype, s + i, n - i);
+              const int64_t rest = chunk ? std::min(chunk, n - i) : n - i;
+              if (rest > 0) run_members(s + i, rest);
+              i += rest;
+            }
           }
+          m = end_run;
           continue;
         }
         auto& p = prepared[m];

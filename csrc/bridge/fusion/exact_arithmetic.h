@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <optional>
+#include <vector>
 
 #include "elementwise_fusion.h"
 #include "vector_math.h"
@@ -56,6 +57,31 @@ struct SliceOperand {
 // never when it is an input.
 bool run_exact(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
 void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
+
+// A run of exact members that forms a chain: each member after the first
+// reads the value the one before it produced (`Previous`), plus at most one
+// other operand that no earlier member of the chain writes. run_chain then
+// keeps every value in registers, one chunk of elements at a time, and
+// reads and writes memory in one continuous pass, as a single ATen kernel
+// would, instead of one pass over an L1 slice per member.
+struct ChainOperand {
+  enum Kind : uint8_t { None, Previous, Single, Memory } kind = None;
+  const char* data = nullptr;  // Single: the element; Memory: element 0 of the iteration space
+};
+struct ChainStep {
+  const ExactArithmetic* op;
+  ChainOperand self, other;  // `other` None: unary, or op->scalar
+  char* out = nullptr;       // element 0 of its memory, or null: only the next step reads it
+  bool stream = false;       // `out` is written with non-temporal stores
+};
+// Elements a chunk of run_chain holds in registers; 0 where the chain has
+// no loops for this machine (it needs ATen's AVX512 capability).
+int64_t chain_chunk(c10::ScalarType dtype);
+// Runs `steps` over whole chunks of elements [begin, begin + n) and returns
+// how many it computed: up to the first chunk in which some element has two
+// NaN operands (run_exact's reason to decline; nothing of that chunk is
+// written), or the last whole chunk. The caller computes the rest.
+int64_t run_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype, int64_t begin, int64_t n);
 
 // Copies a slice computed in L1 to memory with non-temporal stores: a result
 // that leaves the cache before anyone reads it is then written without first
