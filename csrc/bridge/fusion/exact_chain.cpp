@@ -15,6 +15,10 @@ namespace {
 
 using Kind = ExactArithmetic::Kind;
 constexpr int kVectors = 4;  // per chunk: independent work for the core while one op waits
+// Memory operands are prefetched this far ahead, a chunk's lines at a time:
+// a chain's compute fills the core's window, leaving few loads in flight
+// (same-process A/B, 16M floats: chains of arithmetic 12-25 % faster).
+constexpr int64_t kPrefetchBytes = 4096;
 
 // The loops below are compiled for ATen's AVX512 capability and only ever
 // called where it is present (lambdas included, hence the pragma).
@@ -102,6 +106,8 @@ int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t begin, int64_t
           }
           case ChainOperand::Memory: {
             const T* p = reinterpret_cast<const T*>(o.data) + i;
+            const char* ahead = reinterpret_cast<const char*>(p) + kPrefetchBytes;
+            for (int line = 0; line < kVectors; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
             return {A::load(p), A::load(p + lanes), A::load(p + 2 * lanes), A::load(p + 3 * lanes)};
           }
           case ChainOperand::None:
