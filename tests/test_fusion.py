@@ -31,10 +31,10 @@ def fusion():
     torchneuron._C._set_adaptive_eager(True)
 
 
-def _busy(device="neuron"):
+def _busy(device="neuron", repeats=2):
     """Queues slow work first, so what follows waits in the queue and can fuse."""
     a = torch.ones(384, 384, device=device)
-    for _ in range(2):
+    for _ in range(repeats):
         a = a @ a / 384
 
 
@@ -122,9 +122,11 @@ def _program(seed):
 
 def _fused_and_unfused(fusion, program):
     """program() queued behind busy work with fusion on (op tracking cleared
-    first, so it counts this run's groups), then with fusion off."""
+    first, so it counts this run's groups), then with fusion off. More busy
+    work than the fuzzer's: callers count groups, which a loaded machine
+    would otherwise split."""
     torchneuron.clear_op_tracking()
-    _busy()
+    _busy(repeats=6)
     fused = program()
     fusion(False)
     _busy()
@@ -234,6 +236,17 @@ def test_broadcast_of_trailing_dims_and_single_elements(fusion):
     fused, unfused = _fused_and_unfused(fusion, program)
     assert torchneuron._C._fused_groups() == 1
     assert fused.dtype == unfused.dtype == torch.float64  # a rank-2 tensor keeps its weight in promotion
+    _bits_equal(fused, unfused)
+
+
+def test_single_element_of_rank_two_in_a_flat_group(fusion):
+    """No member broadcasts a row, so pieces are flat; the single element keeps
+    its rank (and its weight in promotion) all the same."""
+    y = torch.randn(4, 64, 128, device="neuron")
+    gain = torch.tensor([[1.5]], dtype=torch.float64, device="neuron")
+    fused, unfused = _fused_and_unfused(fusion, lambda: torch.relu(y * gain) - 0.5)
+    assert torchneuron._C._fused_groups() >= 1
+    assert fused.dtype == torch.float64
     _bits_equal(fused, unfused)
 
 

@@ -167,8 +167,10 @@ void point(const at::Tensor& slice, Cover cover, int64_t base, int64_t row, int6
       const int64_t size[1] = {len / row};
       return impl->set_sizes_and_strides(size, c10::IntArrayRef(ones, 1), base + lo / row);
     }
-    case Cover::Single:
-      return impl->set_sizes_and_strides(c10::IntArrayRef(ones, row == 0 ? 1 : 2), ones, base);
+    case Cover::Single: {
+      const c10::IntArrayRef one(ones, row == 0 ? 1 : 2);  // rank 1 or 2: never 0, which weighs less in promotion
+      return impl->set_sizes_and_strides(one, one, base);
+    }
   }
 }
 
