@@ -213,11 +213,12 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
     const char* base = nullptr;
     int64_t step = 1;
     bool scratch = false;
-    bool in_slice = false;  // a scratch slot holding the current slice only
+    bool in_slice = false;  // a scratch slot holding the current slice only, from its start
     at::Tensor held;  // a single element converted to the member's dtype
     const char* at(int64_t piece_lo, int64_t lo, size_t itemsize) const {
-      if (!base || in_slice) return base;
-      return base + step * (scratch ? lo - piece_lo : lo) * int64_t(itemsize);
+      if (!base) return base;
+      const int64_t index = !scratch ? lo : in_slice ? (lo - piece_lo) % kSlice : lo - piece_lo;
+      return base + step * index * int64_t(itemsize);
     }
   };
   struct Lanes {
@@ -271,43 +272,86 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       }
     }
   }
-  // The run of exact members [first, end) as a chain (exact_arithmetic.h),
-  // or empty if it is not one: a library function, two dtypes, a slot read
-  // by any member but the one after its writer, a memory operand that an
-  // earlier member of the run writes.
-  auto chain_of = [&](size_t first, size_t end) {
+  // Members [first, end) of a run of exact members as a chain
+  // (exact_arithmetic.h), or empty if they are not one: a library function
+  // other than sigmoid, two dtypes, a slot or memory that an earlier member
+  // of the chain writes read other than as the value just produced. Slots
+  // (in_slice: only this run touches them) are read and written in place
+  // where members outside the chain need them.
+  auto chain_of = [&](size_t first, size_t end, size_t end_run) {
     std::vector<ChainStep> chain;
-    auto written_before = [&](size_t k, const char* base) {
+    auto same = [](const Lane& a, const Lane& b) { return a.base == b.base && a.scratch == b.scratch; };
+    auto written_before = [&](size_t k, const Lane& lane) {
       for (size_t j = first; j < k; ++j)
-        if (!lanes[j].out.scratch && lanes[j].out.base == base) return true;
+        if (same(lanes[j].out, lane)) return true;
+      return false;
+    };
+    auto read_after = [&](size_t k) {  // by a member after k, other than as the value just produced
+      for (size_t j = k + 1; j < end_run; ++j)
+        for (const Lane* lane : {&lanes[j].self, &lanes[j].other})
+          if (same(*lane, lanes[k].out) && (j > k + 1 || j >= end)) return true;
       return false;
     };
     for (size_t k = first; k < end; ++k) {
       const ExactArithmetic& op = *members[k].exact;
       const Lanes& l = lanes[k];
-      if (op.kind == ExactArithmetic::Kind::Function || op.dtype != members[first].exact->dtype ||
-          (l.out.scratch && !l.out.in_slice))
+      if ((op.kind == ExactArithmetic::Kind::Function && !vector_math::is_sigmoid(*op.function)) ||
+          op.dtype != members[first].exact->dtype || (l.out.scratch && !l.out.in_slice))
         return std::vector<ChainStep>{};
       ChainStep step{&op};
       for (auto [lane, operand] : {std::pair{&l.self, &step.self}, std::pair{&l.other, &step.other}}) {
         if (!lane->base) continue;  // absent, or a Scalar
-        if (k > first && lane->base == lanes[k - 1].out.base && lane->scratch == lanes[k - 1].out.scratch)
+        if (k > first && same(*lane, lanes[k - 1].out))
           operand->kind = ChainOperand::Previous;
         else if (lane->step == 0)
           *operand = {ChainOperand::Single, lane->base};
-        else if (!lane->scratch && !written_before(k, lane->base))
-          *operand = {ChainOperand::Memory, lane->base};
-        else
+        else if (written_before(k, *lane) || (lane->scratch && !lane->in_slice))
           return std::vector<ChainStep>{};
+        else
+          *operand = {lane->scratch ? ChainOperand::Slice : ChainOperand::Memory, lane->base};
       }
       if (!l.out.scratch) {
         step.out = const_cast<char*>(l.out.base);
         step.stream = l.stream;
+      } else if (read_after(k)) {
+        step.out = const_cast<char*>(l.out.base);
+        step.out_in_slice = true;
       }
       chain.push_back(step);
     }
     return chain;
   };
+  // Runs of exact members, by their first member: the inputs they read from
+  // memory (prefetched) and their segments, chains and members that cannot
+  // chain (a library function other than sigmoid) on their own.
+  struct Segment {
+    size_t first, end;
+    std::vector<ChainStep> chain;  // empty: member by member
+  };
+  struct Run {
+    size_t end = 0;
+    std::vector<std::pair<const Lane*, size_t>> inputs;  // and their item sizes
+    std::vector<Segment> segments;
+  };
+  std::vector<Run> runs(members.size());
+  for (size_t first = 0; first < members.size() && !whole; ++first) {
+    if (!members[first].exact || (first > 0 && members[first - 1].exact)) continue;
+    Run& run = runs[first];
+    run.end = first;
+    while (run.end < members.size() && members[run.end].exact) ++run.end;
+    for (size_t k = first; k < run.end; ++k)
+      for (const Lane* l : {&lanes[k].self, &lanes[k].other})
+        if (l->base && !l->scratch && l->step == 1 &&
+            std::none_of(run.inputs.begin(), run.inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
+          run.inputs.emplace_back(l, c10::elementSize(members[k].exact->dtype));
+    for (size_t k = first; k < run.end;) {
+      size_t e = k + 1;
+      if (chain_chunk(members[k].exact->dtype))
+        while (e < run.end && !chain_of(k, e + 1, run.end).empty()) ++e;
+      run.segments.push_back({k, e, chain_of(k, e, run.end)});
+      k = e;
+    }
+  }
   struct StreamFence {  // streamed stores land before the task can complete, even on an error
     ~StreamFence() { end_streaming(); }
   } fence;
@@ -318,24 +362,17 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
         if (!whole && members[m].exact) {
           // A run of exact members goes slice by slice, so that what one
           // writes the next reads from L1.
-          const size_t first = m;
-          size_t end_run = m;
-          while (end_run < members.size() && members[end_run].exact) ++end_run;
+          const Run& run = runs[m];
+          const size_t first = m, end_run = run.end;
           alignas(64) double staging[kSlice];  // a streamed result's slice
-          std::vector<std::pair<const Lane*, size_t>> inputs;  // read from memory: prefetched
-          for (size_t k = first; k < end_run; ++k)
-            for (const Lane* l : {&lanes[k].self, &lanes[k].other})
-              if (l->base && !l->scratch && l->step == 1 &&
-                  std::none_of(inputs.begin(), inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
-                inputs.emplace_back(l, c10::elementSize(members[k].exact->dtype));
-          // One slice, or part of one, member by member in L1.
-          auto run_members = [&](int64_t s, int64_t n) {
-            for (m = first; m < end_run; ++m) {  // m names the member in errors
+          // Members [from, to) over one slice, or part of one, one by one in L1.
+          auto run_members = [&](size_t from, size_t to, int64_t s, int64_t n) {
+            for (m = from; m < to; ++m) {  // m names the member in errors
               const Lanes& l = lanes[m];
               const size_t size = c10::elementSize(members[m].exact->dtype);
               // This member's share of the prefetch of a later slice.
               const int64_t ahead = s + kPrefetchSlices * kSlice;
-              for (auto [input, itemsize] : inputs)
+              for (auto [input, itemsize] : run.inputs)
                 prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, m - first, end_run - first);
               char* out = const_cast<char*>(l.out.at(lo, s, size));
               const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
@@ -348,18 +385,23 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
                 stream_copy(out, into, n * size);
             }
           };
-          const std::vector<ChainStep> chain = chain_of(first, end_run);
-          const c10::ScalarType dtype = members[first].exact->dtype;
-          const int64_t chunk = chain.empty() ? 0 : chain_chunk(dtype);
           for (int64_t s = lo; s < lo + len; s += kSlice) {
             const int64_t n = std::min(kSlice, lo + len - s);
-            // A chain computes whole chunks in registers, up to a chunk in
-            // which run_exact would decline; members compute the rest.
-            for (int64_t i = 0; i < n;) {
-              if (chunk) i += run_chain(chain, dtype, s + i, n - i);
-              const int64_t rest = chunk ? std::min(chunk, n - i) : n - i;
-              if (rest > 0) run_members(s + i, rest);
-              i += rest;
+            for (const Segment& g : run.segments) {
+              if (g.chain.empty()) {
+                run_members(g.first, g.end, s, n);
+                continue;
+              }
+              // A chain computes whole chunks in registers, up to a chunk in
+              // which run_exact would decline; members compute the rest.
+              const c10::ScalarType dtype = members[g.first].exact->dtype;
+              const int64_t chunk = chain_chunk(dtype);
+              for (int64_t i = 0; i < n;) {
+                i += run_chain(g.chain, dtype, s, s + i, n - i);
+                const int64_t rest = std::min(chunk, n - i);
+                if (rest > 0) run_members(g.first, g.end, s + i, rest);
+                i += rest;
+              }
             }
           }
           m = end_run;

@@ -65,23 +65,27 @@ void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, Slic
 // reads and writes memory in one continuous pass, as a single ATen kernel
 // would, instead of one pass over an L1 slice per member.
 struct ChainOperand {
-  enum Kind : uint8_t { None, Previous, Single, Memory } kind = None;
-  const char* data = nullptr;  // Single: the element; Memory: element 0 of the iteration space
+  enum Kind : uint8_t { None, Previous, Single, Memory, Slice } kind = None;
+  // Single: the element; Memory: element 0 of the iteration space; Slice: a
+  // scratch slot holding the current slice, from its first element.
+  const char* data = nullptr;
 };
 struct ChainStep {
   const ExactArithmetic* op;
-  ChainOperand self, other;  // `other` None: unary, or op->scalar
-  char* out = nullptr;       // element 0 of its memory, or null: only the next step reads it
-  bool stream = false;       // `out` is written with non-temporal stores
+  ChainOperand self, other;   // `other` None: unary, or op->scalar
+  char* out = nullptr;        // as a Memory or Slice operand; null: only the next step reads it
+  bool out_in_slice = false;  // `out` is a scratch slot holding the current slice
+  bool stream = false;        // `out` is written with non-temporal stores
 };
 // Elements a chunk of run_chain holds in registers; 0 where the chain has
 // no loops for this machine (it needs ATen's AVX512 capability).
 int64_t chain_chunk(c10::ScalarType dtype);
-// Runs `steps` over whole chunks of elements [begin, begin + n) and returns
-// how many it computed: up to the first chunk in which some element has two
-// NaN operands (run_exact's reason to decline; nothing of that chunk is
-// written), or the last whole chunk. The caller computes the rest.
-int64_t run_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype, int64_t begin, int64_t n);
+// Runs `steps` over whole chunks of elements [begin, begin + n) of the slice
+// starting at `slice` and returns how many it computed: up to the first
+// chunk in which some element has two NaN operands (run_exact's reason to
+// decline; nothing of that chunk is written), or the last whole chunk. The
+// caller computes the rest.
+int64_t run_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype, int64_t slice, int64_t begin, int64_t n);
 
 // Copies a slice computed in L1 to memory with non-temporal stores: a result
 // that leaves the cache before anyone reads it is then written without first

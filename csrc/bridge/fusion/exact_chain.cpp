@@ -25,6 +25,12 @@ constexpr int64_t kPrefetchBytes = 4096;
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl")
 #define TORCHNEURON_AVX512 __attribute__((always_inline)) inline
+// SLEEF's exp, as vector_math.cpp declares it (sigmoid is only chained where
+// vector_math found it).
+extern "C" {
+__m512 Sleef_expf16_u10(__m512) __attribute__((weak));
+__m512d Sleef_expd8_u10(__m512d) __attribute__((weak));
+}
 
 // The AVX-512 operations of one element type.
 template <typename T>
@@ -48,6 +54,7 @@ struct Avx512<float> {
   static TORCHNEURON_AVX512 Mask less(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
   static TORCHNEURON_AVX512 Mask nan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
   static TORCHNEURON_AVX512 V pick(Mask m, V if_clear, V if_set) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
+  static TORCHNEURON_AVX512 V exp(V a) { return Sleef_expf16_u10(a); }
 };
 
 template <>
@@ -68,6 +75,7 @@ struct Avx512<double> {
   static TORCHNEURON_AVX512 Mask less(V a, V b) { return _mm512_cmp_pd_mask(a, b, _CMP_LT_OQ); }
   static TORCHNEURON_AVX512 Mask nan(V a) { return _mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q); }
   static TORCHNEURON_AVX512 V pick(Mask m, V if_clear, V if_set) { return _mm512_mask_blend_pd(m, if_clear, if_set); }
+  static TORCHNEURON_AVX512 V exp(V a) { return Sleef_expd8_u10(a); }
 };
 
 // Four vectors, spelled out so that GCC keeps them in registers.
@@ -81,7 +89,7 @@ struct Quad {
 };
 
 template <typename T>
-int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t begin, int64_t n) {
+int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t slice, int64_t begin, int64_t n) {
   using A = Avx512<T>;
   using V = typename A::V;
   using Q = Quad<V>;
@@ -104,8 +112,9 @@ int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t begin, int64_t
             const V x = A::splat(*reinterpret_cast<const T*>(o.data));
             return {x, x, x, x};
           }
-          case ChainOperand::Memory: {
-            const T* p = reinterpret_cast<const T*>(o.data) + i;
+          case ChainOperand::Memory:
+          case ChainOperand::Slice: {
+            const T* p = reinterpret_cast<const T*>(o.data) + (o.kind == ChainOperand::Slice ? i - slice : i);
             const char* ahead = reinterpret_cast<const char*>(p) + kPrefetchBytes;
             for (int line = 0; line < kVectors; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
             return {A::load(p), A::load(p + lanes), A::load(p + 2 * lanes), A::load(p + 3 * lanes)};
@@ -149,15 +158,18 @@ int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t begin, int64_t
           if (op.hi) value = value.map([&](V a) { return A::pick(A::less(hi, a), a, hi); });
           break;
         }
-        case Kind::Function:
-          return i - begin;  // never chained (a library call over an array)
+        case Kind::Function: {  // sigmoid, as vector_math's loop: chain_of chains no other function
+          const V one = A::splat(T(1));
+          value = x.map([&](V a) { return A::div(one, A::add(A::exp(A::flip_sign(a)), one)); });
+          break;
+        }
       }
       if (step.out) held[k] = value;
     }
     if (two_nans) break;
     for (size_t k = 0; k < count; ++k) {
       if (!steps[k].out) continue;
-      T* out = reinterpret_cast<T*>(steps[k].out) + i;
+      T* out = reinterpret_cast<T*>(steps[k].out) + (steps[k].out_in_slice ? i - slice : i);
       const bool stream = steps[k].stream && reinterpret_cast<uintptr_t>(out) % sizeof(V) == 0;
       A::store(out, held[k].v0, stream);
       A::store(out + lanes, held[k].v1, stream);
@@ -183,9 +195,9 @@ int64_t chain_chunk(c10::ScalarType dtype) {
   return kVectors * 64 / int64_t(c10::elementSize(dtype));
 }
 
-int64_t run_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype, int64_t begin, int64_t n) {
+int64_t run_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype, int64_t slice, int64_t begin, int64_t n) {
   TORCH_INTERNAL_ASSERT(has_avx512() && !steps.empty() && steps.size() <= 16, "run_chain: no loops for this chain");
-  return dtype == at::kFloat ? chain_avx512<float>(steps, begin, n) : chain_avx512<double>(steps, begin, n);
+  return dtype == at::kFloat ? chain_avx512<float>(steps, slice, begin, n) : chain_avx512<double>(steps, slice, begin, n);
 }
 
 } // namespace torchneuron

@@ -148,6 +148,8 @@ const Unary* like_aten(const std::string& op, c10::ScalarType dtype) {
   return nullptr;
 }
 
+bool is_sigmoid(const Unary& fn) { return !fn.vml[0]; }
+
 void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64_t n) {
   if (dtype == at::kFloat) {
     auto* o = reinterpret_cast<float*>(out);

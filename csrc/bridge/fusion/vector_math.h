@@ -25,6 +25,10 @@ struct Unary;
 // `dtype` as ATen does in this process, or nullptr.
 const Unary* like_aten(const std::string& op, c10::ScalarType dtype);
 
+// Whether `fn` is sigmoid, which chains (exact_chain.cpp) compute vector by
+// vector as 1 / (exp(-x) + 1) with SLEEF's exp, as ATen's vector loop does.
+bool is_sigmoid(const Unary& fn);
+
 // out[i] = fn(x[i]) for i < n. `n` must be where ATen's own call would end
 // (a thread's range) or a multiple of its vector step (fusion's slices are).
 void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64_t n);
