@@ -4,7 +4,10 @@ The fuzzer runs random element-wise programs with fusion on, with fusion off,
 and on the CPU: on and off must agree bit for bit, and the CPU within
 PyTorch's default tolerances. Other tests show that fusion happens on typical
 chains and not where it must not."""
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -378,3 +381,16 @@ def test_library_functions_and_streamed_results_match_unfused(fusion, n, dtype):
     assert torchneuron._C._fused_groups() >= 1
     for x, y in zip(fused, unfused):
         _bits_equal(x, y)
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512", reason="the AVX2 path is the default here")
+def test_avx2_path_in_a_child_process():
+    """Without AVX-512, ATen runs its AVX2 kernels and fusion its AVX2 loops,
+    with no chains and sigmoid left to ATen: the fuzzer and the exactness
+    tests again, in a child process with ATen's capability set to AVX2."""
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    tests = "fuzz or two_nan or library or casts or single_element"
+    r = subprocess.run([sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-k", tests],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:]
+    assert " passed" in r.stdout and "deselected" in r.stdout

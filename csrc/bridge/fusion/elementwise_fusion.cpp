@@ -344,10 +344,13 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
         if (l->base && !l->scratch && l->step == 1 &&
             std::none_of(run.inputs.begin(), run.inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
           run.inputs.emplace_back(l, c10::elementSize(members[k].exact->dtype));
+    if (!chain_chunk(members[first].exact->dtype)) {  // no chains on this machine
+      run.segments.push_back({first, run.end, {}});
+      continue;
+    }
     for (size_t k = first; k < run.end;) {
       size_t e = k + 1;
-      if (chain_chunk(members[k].exact->dtype))
-        while (e < run.end && !chain_of(k, e + 1, run.end).empty()) ++e;
+      while (e < run.end && !chain_of(k, e + 1, run.end).empty()) ++e;
       run.segments.push_back({k, e, chain_of(k, e, run.end)});
       k = e;
     }
