@@ -82,11 +82,36 @@ struct Avx512<double> {
 template <typename V>
 struct Quad {
   V v0, v1, v2, v3;
+  static TORCHNEURON_AVX512 Quad all(V v) { return {v, v, v, v}; }
   template <typename F>
   TORCHNEURON_AVX512 Quad map(F f) const { return {f(v0), f(v1), f(v2), f(v3)}; }
   template <typename F>
   TORCHNEURON_AVX512 Quad map(F f, const Quad& o) const { return {f(v0, o.v0), f(v1, o.v1), f(v2, o.v2), f(v3, o.v3)}; }
 };
+
+// An operand's chunk at element i: one branch per operand and step, not per
+// vector.
+template <typename T, typename Q = Quad<typename Avx512<T>::V>>
+TORCHNEURON_AVX512 Q fetch(const ChainOperand& o, const Q& previous, const ExactArithmetic& op, int64_t slice, int64_t i) {
+  using A = Avx512<T>;
+  constexpr int64_t lanes = sizeof(typename A::V) / sizeof(T);
+  switch (o.kind) {
+    case ChainOperand::Previous:
+      return previous;
+    case ChainOperand::Single:
+      return Q::all(A::splat(*reinterpret_cast<const T*>(o.data)));
+    case ChainOperand::Memory:
+    case ChainOperand::Slice: {
+      const T* p = reinterpret_cast<const T*>(o.data) + (o.kind == ChainOperand::Slice ? i - slice : i);
+      const char* ahead = reinterpret_cast<const char*>(p) + kPrefetchBytes;
+      for (int line = 0; line < kVectors; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
+      return {A::load(p), A::load(p + lanes), A::load(p + 2 * lanes), A::load(p + 3 * lanes)};
+    }
+    case ChainOperand::None:
+      break;
+  }
+  return Q::all(A::splat(T(op.scalar)));
+}
 
 template <typename T>
 int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t slice, int64_t begin, int64_t n) {
@@ -103,35 +128,13 @@ int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t slice, int64_t
     for (size_t k = 0; k < count; ++k) {
       const ChainStep& step = steps[k];
       const ExactArithmetic& op = *step.op;
-      // Operands: one branch per operand and step, not per vector.
-      auto fetch = [&](const ChainOperand& o) -> Q {
-        switch (o.kind) {
-          case ChainOperand::Previous:
-            return value;
-          case ChainOperand::Single: {
-            const V x = A::splat(*reinterpret_cast<const T*>(o.data));
-            return {x, x, x, x};
-          }
-          case ChainOperand::Memory:
-          case ChainOperand::Slice: {
-            const T* p = reinterpret_cast<const T*>(o.data) + (o.kind == ChainOperand::Slice ? i - slice : i);
-            const char* ahead = reinterpret_cast<const char*>(p) + kPrefetchBytes;
-            for (int line = 0; line < kVectors; ++line) _mm_prefetch(ahead + 64 * line, _MM_HINT_T0);
-            return {A::load(p), A::load(p + lanes), A::load(p + 2 * lanes), A::load(p + 3 * lanes)};
-          }
-          case ChainOperand::None:
-            break;
-        }
-        const V x = A::splat(T(op.scalar));
-        return {x, x, x, x};
-      };
-      const Q x = fetch(step.self);
+      const Q x = fetch<T>(step.self, value, op, slice, i);
       switch (op.kind) {
         case Kind::Add:
         case Kind::Sub:
         case Kind::Mul:
         case Kind::Div: {
-          const Q y = fetch(step.other);
+          const Q y = fetch<T>(step.other, value, op, slice, i);
           two_nans |= (A::nan(x.v0) & A::nan(y.v0)) | (A::nan(x.v1) & A::nan(y.v1)) | (A::nan(x.v2) & A::nan(y.v2)) |
                       (A::nan(x.v3) & A::nan(y.v3));
           if (op.kind == Kind::Add) value = x.map(A::add, y);
