@@ -120,3 +120,18 @@ def test_printing_and_assert_close():
     torch.testing.assert_close(x * 2, torch.arange(0.0, 8.0, 2.0, device="neuron"))
     with pytest.raises(AssertionError):
         torch.testing.assert_close(x, x + 1)
+
+
+def test_relu_runs_as_clamp_min_out_and_keeps_its_bool_error():
+    # A queued relu writes into its output through clamp_min.out (the CPU
+    # kernel's own definition); bool inputs still get relu's error.
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.int8, torch.bfloat16):
+        x = (torch.randn(3, 5) * 10).to(dtype)
+        for t in (x, x.t(), x[:, ::2]):
+            want = torch.relu(t)
+            got = torch.relu(t.to("neuron"))
+            assert got.stride() == want.stride()
+            assert torch.equal(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="aten::relu.*Boolean inputs not supported for relu"):
+        torch.relu(torch.tensor([True, False], device="neuron"))
+        torch.neuron.synchronize()

@@ -101,6 +101,7 @@ struct OpTraits {
   bool place_results = false;    // the kernel may compute into device memory (result_placement.h)
   std::unique_ptr<PlacementHistory> placement_history;  // with place_results: learned by its calls
   std::optional<c10::OperatorHandle> out_op;  // the out= overload of a functional op
+  std::optional<EquivalentOutCall> equivalent_out;  // without out_op: another op's out= that computes the same
   OpCounter* counter = nullptr;  // this op's slot in op tracking
 };
 
@@ -146,6 +147,7 @@ OpTraits& make_traits(const c10::OperatorHandle& op) {
   t.place_results = places_results(name);
   if (t.place_results) t.placement_history = std::make_unique<PlacementHistory>();
   t.out_op = out_variant_of(op);
+  if (!t.out_op) t.equivalent_out = equivalent_out_call(op);
   t.counter = &op_counter(schema.operator_name());
   return t;
 }
@@ -563,6 +565,11 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
       for (auto& v : results) stack->push_back(std::move(v));
       return;
     }
+  }
+  if (!out_op && all_defined && fresh == r && r > 0 && traits.equivalent_out && traits.equivalent_out->applies(args)) {
+    out_op = traits.equivalent_out->out_op;
+    const auto& extra = traits.equivalent_out->extra_args;
+    task_args.values.insert(task_args.values.end(), extra.begin(), extra.end());
   }
   translate_errors([&] {
     stream.enqueue(

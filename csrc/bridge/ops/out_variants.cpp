@@ -59,4 +59,17 @@ std::optional<c10::OperatorHandle> out_variant_of(const c10::OperatorHandle& fun
   return result;
 }
 
+std::optional<EquivalentOutCall> equivalent_out_call(const c10::OperatorHandle& functional) {
+  const auto& f = functional.schema();
+  // at::native::relu (CPU): checks for bool, then returns at::clamp_min(self, 0).
+  if (f.name() == "aten::relu" && f.overload_name().empty()) {
+    auto op = c10::Dispatcher::singleton().findOp(c10::OperatorName("aten::clamp_min", "out"));
+    if (!op) return std::nullopt;
+    return EquivalentOutCall{*op, {c10::IValue(c10::Scalar(int64_t{0}))}, [](c10::ArrayRef<c10::IValue> args) {
+                               return args[0].isTensor() && args[0].toTensor().scalar_type() != c10::kBool;
+                             }};
+  }
+  return std::nullopt;
+}
+
 } // namespace torchneuron
