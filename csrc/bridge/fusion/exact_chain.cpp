@@ -6,6 +6,7 @@
 
 #include <immintrin.h>
 
+#include <cmath>
 #include <string>
 
 #include "exact_arithmetic.h"
@@ -121,6 +122,13 @@ int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t slice, int64_t
   constexpr int64_t lanes = sizeof(V) / sizeof(T), chunk = kVectors * lanes;
   const size_t count = steps.size();
   Q held[16];  // results bound for memory, stored once the chunk is known to be exact
+  bool may_be_nan[16];  // `other` may be NaN: not a single number or a Scalar that is not
+  for (size_t k = 0; k < count; ++k) {
+    const ChainOperand& o = steps[k].other;
+    may_be_nan[k] = o.kind == ChainOperand::Single ? std::isnan(*reinterpret_cast<const T*>(o.data))
+                    : o.kind == ChainOperand::None ? std::isnan(T(steps[k].op->scalar))
+                                                   : true;
+  }
   int64_t i = begin;
   for (; i + chunk <= begin + n; i += chunk) {
     Q value;  // what the last step produced
@@ -135,8 +143,9 @@ int64_t chain_avx512(const std::vector<ChainStep>& steps, int64_t slice, int64_t
         case Kind::Mul:
         case Kind::Div: {
           const Q y = fetch<T>(step.other, value, op, slice, i);
-          two_nans |= (A::nan(x.v0) & A::nan(y.v0)) | (A::nan(x.v1) & A::nan(y.v1)) | (A::nan(x.v2) & A::nan(y.v2)) |
-                      (A::nan(x.v3) & A::nan(y.v3));
+          if (may_be_nan[k])
+            two_nans |= (A::nan(x.v0) & A::nan(y.v0)) | (A::nan(x.v1) & A::nan(y.v1)) |
+                        (A::nan(x.v2) & A::nan(y.v2)) | (A::nan(x.v3) & A::nan(y.v3));
           if (op.kind == Kind::Add) value = x.map(A::add, y);
           if (op.kind == Kind::Sub) value = x.map(A::sub, y);
           if (op.kind == Kind::Mul) value = x.map(A::mul, y);
