@@ -349,10 +349,14 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       continue;
     }
     for (size_t k = first; k < run.end;) {
-      size_t e = k + 1;
-      while (e < run.end && !chain_of(k, e + 1, run.end).empty()) ++e;
-      run.segments.push_back({k, e, chain_of(k, e, run.end)});
-      k = e;
+      Segment g{k, k + 1, chain_of(k, k + 1, run.end)};
+      for (; g.end < run.end; ++g.end) {  // grow the chain while it stays one
+        std::vector<ChainStep> longer = chain_of(k, g.end + 1, run.end);
+        if (longer.empty()) break;
+        g.chain = std::move(longer);
+      }
+      k = g.end;
+      run.segments.push_back(std::move(g));
     }
   }
   struct StreamFence {  // streamed stores land before the task can complete, even on an error
