@@ -326,7 +326,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
   // chain (a library function other than sigmoid) on their own.
   struct Segment {
     size_t first, end;
-    std::vector<ChainStep> chain;  // empty: member by member
+    ChainProgram chain;  // empty: member by member
   };
   struct Run {
     size_t end = 0;
@@ -349,13 +349,15 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       continue;
     }
     for (size_t k = first; k < run.end;) {
-      Segment g{k, k + 1, chain_of(k, k + 1, run.end)};
-      for (; g.end < run.end; ++g.end) {  // grow the chain while it stays one
-        std::vector<ChainStep> longer = chain_of(k, g.end + 1, run.end);
+      size_t stop = k + 1;
+      std::vector<ChainStep> chain = chain_of(k, stop, run.end);
+      for (; stop < run.end; ++stop) {  // grow the chain while it stays one
+        std::vector<ChainStep> longer = chain_of(k, stop + 1, run.end);
         if (longer.empty()) break;
-        g.chain = std::move(longer);
+        chain = std::move(longer);
       }
-      k = g.end;
+      Segment g{k, stop, chain.empty() ? ChainProgram{} : compile_chain(chain, members[k].exact->dtype)};
+      k = stop;
       run.segments.push_back(std::move(g));
     }
   }
@@ -404,7 +406,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               const c10::ScalarType dtype = members[g.first].exact->dtype;
               const int64_t chunk = chain_chunk(dtype);
               for (int64_t i = 0; i < n;) {
-                i += run_chain(g.chain, dtype, s, s + i, n - i);
+                i += run_chain(g.chain, s, s + i, n - i);
                 const int64_t rest = std::min(chunk, n - i);
                 if (rest > 0) run_members(g.first, g.end, s + i, rest);
                 i += rest;

@@ -80,12 +80,36 @@ struct ChainStep {
 // Elements a chunk of run_chain holds in registers; 0 where the chain has
 // no loops for this machine (it needs ATen's AVX512 capability).
 int64_t chain_chunk(c10::ScalarType dtype);
-// Runs `steps` over whole chunks of elements [begin, begin + n) of the slice
-// starting at `slice` and returns how many it computed: up to the first
-// chunk in which some element has two NaN operands (run_exact's reason to
-// decline; nothing of that chunk is written), or the last whole chunk. The
-// caller computes the rest.
-int64_t run_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype, int64_t slice, int64_t begin, int64_t n);
+// A chain compiled once per fused group into micro-ops (exact_chain.cpp).
+struct ChainProgram {
+  enum class Code : uint8_t {
+    LoadAcc, LoadArg, SplatAcc, SplatArg, ArgFromAcc, Check,
+    Add, Sub, Mul, Div, Neg, Abs, Reciprocal, ClampLo, ClampHi, Sigmoid, Hold, End };
+  struct MicroOp {
+    Code code;
+    bool in_slice;      // `data` is a scratch slot holding the current slice
+    int8_t output;      // Hold: into outputs[output]
+    double value;       // Splat*: the number; Clamp*: the bound (exact in the dtype)
+    const char* data;   // Load*: element 0 of the iteration space, or of the slice
+  };
+  struct Output {
+    char* data;
+    bool in_slice, stream;
+  };
+  static constexpr size_t kMaxOutputs = 16;
+  c10::ScalarType dtype = at::kFloat;
+  std::vector<MicroOp> ops;
+  std::vector<Output> outputs;
+  bool empty() const { return ops.empty(); }
+};
+// `steps` must form a chain of float or double members.
+ChainProgram compile_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype);
+// Runs the chain over whole chunks of elements [begin, begin + n) of the
+// slice starting at `slice` and returns how many it computed: up to the
+// first chunk in which some element has two NaN operands (run_exact's reason
+// to decline; nothing of that chunk is written), or the last whole chunk.
+// The caller computes the rest.
+int64_t run_chain(const ChainProgram& program, int64_t slice, int64_t begin, int64_t n);
 
 // Copies a slice computed in L1 to memory with non-temporal stores: a result
 // that leaves the cache before anyone reads it is then written without first
