@@ -203,3 +203,27 @@ def test_log_softmax_backward_of_a_transposed_gradient():
     expected = torch.ops.aten._log_softmax_backward_data(g, out, -1, torch.float32)
     got = torch.ops.aten._log_softmax_backward_data(g.to("neuron"), out.to("neuron"), -1, torch.float32)
     torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_foreach_update_is_one_task_and_new_float_values_reuse_its_meta():
+    """An in-place foreach op (the optimizers' updates) is one device task, not
+    one per tensor; and a float argument that changes every step (AdamW's bias
+    corrections, a learning-rate schedule) reuses the cached meta pass: the
+    result of an in-place op cannot change shape with it."""
+    import torchneuron
+    g = torch.Generator().manual_seed(SEED)
+    cpu = [torch.randn(n, generator=g) for n in (3, 70, 1000)]
+    dev = [t.to("neuron") for t in cpu]
+    torchneuron.clear_op_tracking()
+    for step in range(1, 13):
+        for ts in (cpu, dev):
+            torch._foreach_mul_(ts, 1 - 0.9 ** step)
+            torch._foreach_add_(ts, [0.5 / step, -0.25 * step, float(step)])
+        if step == 2:
+            entries = torchneuron._C._meta_cache_entries()
+    assert torchneuron._C._meta_cache_entries() == entries
+    executed = torchneuron.get_executed_ops()
+    assert executed.get("aten::_foreach_mul_.Scalar") == 12 and executed.get("aten::_foreach_add_.ScalarList") == 12
+    assert not any(name.startswith(("aten::mul", "aten::add")) for name in executed), executed
+    for a, b in zip(dev, cpu):
+        assert torch.equal(a.cpu(), b)

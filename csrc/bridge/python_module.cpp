@@ -11,6 +11,7 @@
 #include "fusion/elementwise_fusion.h"
 #include "fusion/vector_math.h"
 #include "op_tracking.h"
+#include "ops/meta_cache.h"
 #include "ops/result_placement.h"
 #include "python_tasks.h"
 
@@ -105,6 +106,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("clear_op_tracking", &clear_op_tracking);
   m.def("get_fused_ops", &fused_ops);
   m.def("_fused_groups", &fused_groups);
+  m.def("_meta_cache_entries", &meta_cache_entries);
   m.def("_elided_intermediates", &elided_intermediates);
   m.def("_set_adaptive_eager", &set_adaptive_eager);
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);

@@ -38,7 +38,12 @@ struct PreferCpuKernels {
     for (const auto& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = dispatcher.findOp(name);
-      if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+      // In-place foreach operators have no CPU kernel: the CPU runs the
+      // composite (one op per tensor), which here would queue one task per
+      // tensor. (Functional ones return new tensors, which the executor
+      // would compute on the host and copy: they keep the composite.)
+      const bool foreach = name.name.rfind("aten::_foreach_", 0) == 0 && op && op->schema().returns().empty();
+      if (!op || !(foreach || op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) ||
           op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
           !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
             op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)))

@@ -92,6 +92,12 @@ struct OpTraits {
   bool host_indices = false;
   std::vector<size_t> generators;
   std::vector<bool> is_tensor_list;  // per argument: Tensor[] or Tensor?[]
+  // Output metadata cannot depend on a floating-point argument's value: the
+  // op returns nothing, or only `self`, updated in place. Such values (a
+  // learning rate, AdamW's bias corrections) then stay out of the meta
+  // cache's key, so a value that changes every step does not rerun the meta
+  // kernel every step.
+  bool float_values_free = false;
   std::atomic<bool> no_meta{false};
   bool verify_meta = false;      // several tensor results: check meta once per signature
   std::mutex verdict_mu;
@@ -138,6 +144,10 @@ OpTraits& make_traits(const c10::OperatorHandle& op) {
     }
     t.source.push_back(src);
   }
+  // (Random ops check their distribution's parameters in the meta kernel:
+  // those keep their values keyed, so a bad one raises at the call.)
+  t.float_values_free = t.generators.empty() && std::all_of(t.source.begin(), t.source.end(), [&](int src) { return src == 0; }) &&
+                        (t.source.empty() || (!t.written.empty() && t.written[0] == 0 && !args[0].kwarg_only()));
   const std::string& name = schema.name();
   t.data_dependent = kDataDependent.count(name) > 0;
   t.host_indices = kHostIndices.count(name) > 0;
@@ -313,7 +323,7 @@ MetaFailure run_meta(const c10::OperatorHandle& op, OpTraits& traits, c10::Array
   // The key is built in per-thread scratch whose words keep their capacity:
   // a hit allocates nothing.
   static thread_local MetaSignature scratch;
-  const bool cacheable = meta_signature(op, args, traits.generators, scratch);
+  const bool cacheable = meta_signature(op, args, traits.generators, traits.float_values_free, scratch);
   if (cacheable) {
     if ((result = meta_cache_find(scratch))) return MetaFailure::None;
   }
@@ -691,7 +701,7 @@ void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       // becomes the meta result for these exact arguments, so the next such
       // call queues (batch norm in eval mode returns empty statistics).
       MetaSignature full;  // before the call: it may change its arguments' metadata
-      const bool keyed = meta_signature(op, args, traits.generators, full);
+      const bool keyed = meta_signature(op, args, traits.generators, traits.float_values_free, full);
       run_synchronously(op, traits, stack, device);
       const size_t r = schema.returns().size();
       const bool ok = results_match_meta(traits, torch::jit::last(*stack, r), torch::jit::last(meta, r));

@@ -38,7 +38,7 @@ void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
   *k = impl->has_storage() ? static_cast<int64_t>(impl->storage().nbytes()) : -1;
 }
 
-bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
+bool key_value(const c10::IValue& v, bool float_values, std::vector<int64_t>& w) {
   if (v.isNone()) {
     w.push_back(kNone);
   } else if (v.isTensor()) {
@@ -48,7 +48,7 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
     w.push_back(v.toInt());
   } else if (v.isDouble()) {
     w.push_back(kDouble);
-    w.push_back(bits(v.toDouble()));
+    w.push_back(float_values ? bits(v.toDouble()) : 0);
   } else if (v.isBool()) {
     w.push_back(kBool);
     w.push_back(v.toBool());
@@ -63,7 +63,7 @@ bool key_value(const c10::IValue& v, std::vector<int64_t>& w) {
     w.push_back(kList);
     w.push_back(static_cast<int64_t>(list.size()));
     for (const auto& e : list)
-      if (!key_value(e, w)) return false;
+      if (!key_value(e, float_values, w)) return false;
   } else if (v.isSymInt() || v.isSymFloat() || v.isSymBool() || v.isComplexDouble()) {
     return false;  // symbolic or rare: not worth keying
   } else {
@@ -89,7 +89,7 @@ Cache& cache() {
 } // namespace
 
 bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                    const std::vector<size_t>& skip, MetaSignature& out) {
+                    const std::vector<size_t>& skip, bool float_values_free, MetaSignature& out) {
   out.schema = &op.schema();
   out.words.clear();
   out.words.reserve(16 * args.size());  // no regrowth on the per-operator path
@@ -97,7 +97,7 @@ bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   out.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
   for (size_t i = 0; i < args.size(); ++i) {
     if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
-    if (!key_value(args[i], out.words)) return false;
+    if (!key_value(args[i], !float_values_free, out.words)) return false;
   }
   uint64_t h = reinterpret_cast<uintptr_t>(out.schema);
   for (int64_t x : out.words) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;  // FNV-style, per word
@@ -117,6 +117,12 @@ void meta_cache_insert(MetaSignature sig, std::shared_ptr<const MetaResult> resu
   std::lock_guard<std::mutex> lock(c.mu);
   if (c.entries.size() >= kCapacity) c.entries.clear();
   c.entries.insert_or_assign(std::move(sig), std::move(result));
+}
+
+size_t meta_cache_entries() {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.entries.size();
 }
 
 } // namespace torchneuron

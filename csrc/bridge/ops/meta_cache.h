@@ -27,12 +27,15 @@ struct MetaResult {
 };
 
 // False if an argument's kind cannot be keyed (then the call is not cached).
-// `skip` marks arguments to leave out (generators).
+// `skip` marks arguments to leave out (generators). Floating-point values
+// are keyed unless `float_values_free` (then only their kind is).
 bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
-                    const std::vector<size_t>& skip, MetaSignature& out);
+                    const std::vector<size_t>& skip, bool float_values_free, MetaSignature& out);
 std::shared_ptr<const MetaResult> meta_cache_find(const MetaSignature& sig);
 // Replaces an entry for `sig`. Entries are shared, never changed: a caller
 // reads a hit's tensors in place instead of copying them.
 void meta_cache_insert(MetaSignature sig, std::shared_ptr<const MetaResult> result);
+// Signatures cached (tests: a call that should hit adds none).
+size_t meta_cache_entries();
 
 } // namespace torchneuron
