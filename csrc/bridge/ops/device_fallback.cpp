@@ -146,8 +146,9 @@ OpTraits& make_traits(const c10::OperatorHandle& op) {
   }
   // (Random ops check their distribution's parameters in the meta kernel:
   // those keep their values keyed, so a bad one raises at the call.)
-  t.float_values_free = t.generators.empty() && std::all_of(t.source.begin(), t.source.end(), [&](int src) { return src == 0; }) &&
-                        (t.source.empty() || (!t.written.empty() && t.written[0] == 0 && !args[0].kwarg_only()));
+  const bool updates_self = !t.written.empty() && t.written[0] == 0 && !args[0].kwarg_only();
+  t.float_values_free = t.generators.empty() && (t.source.empty() || updates_self) &&
+                        std::all_of(t.source.begin(), t.source.end(), [](int src) { return src == 0; });
   const std::string& name = schema.name();
   t.data_dependent = kDataDependent.count(name) > 0;
   t.host_indices = kHostIndices.count(name) > 0;
