@@ -356,7 +356,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
         if (longer.empty()) break;
         chain = std::move(longer);
       }
-      Segment g{k, stop, chain.empty() ? ChainProgram{} : compile_chain(chain, members[k].exact->dtype)};
+      Segment g{k, stop, chain.empty() ? ChainProgram{} : compile_chain(chain)};
       k = stop;
       run.segments.push_back(std::move(g));
     }
@@ -403,8 +403,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               }
               // A chain computes whole chunks in registers, up to a chunk in
               // which run_exact would decline; members compute the rest.
-              const c10::ScalarType dtype = members[g.first].exact->dtype;
-              const int64_t chunk = chain_chunk(dtype);
+              const int64_t chunk = chain_chunk(g.chain.dtype);
               for (int64_t i = 0; i < n;) {
                 i += run_chain(g.chain, s, s + i, n - i);
                 const int64_t rest = std::min(chunk, n - i);

@@ -102,8 +102,9 @@ struct ChainProgram {
   std::vector<Output> outputs;
   bool empty() const { return ops.empty(); }
 };
-// `steps` must form a chain of float or double members.
-ChainProgram compile_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype);
+// `steps` must form a chain (chain_of in elementwise_fusion.cpp): members of
+// one dtype, float or double.
+ChainProgram compile_chain(const std::vector<ChainStep>& steps);
 // Runs the chain over whole chunks of elements [begin, begin + n) of the
 // slice starting at `slice` and returns how many it computed: up to the
 // first chunk in which some element has two NaN operands (run_exact's reason

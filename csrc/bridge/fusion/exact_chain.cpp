@@ -218,9 +218,9 @@ int64_t chain_chunk(c10::ScalarType dtype) {
   return kVectors * 64 / int64_t(c10::elementSize(dtype));
 }
 
-ChainProgram compile_chain(const std::vector<ChainStep>& steps, c10::ScalarType dtype) {
+ChainProgram compile_chain(const std::vector<ChainStep>& steps) {
   ChainProgram program;
-  program.dtype = dtype;
+  const c10::ScalarType dtype = program.dtype = steps.front().op->dtype;
   auto emit = [&](Code code, double value = 0, const ChainOperand* o = nullptr) {
     ChainProgram::MicroOp op{code, false, int8_t(program.outputs.size()), value, nullptr};
     if (o) op.data = o->data, op.in_slice = o->kind == ChainOperand::Slice;
