@@ -1,6 +1,9 @@
 """The device as users meet it: names, modules, torch.accelerator, bad input."""
+import re
+
 import pytest
 import torch
+import torchneuron
 
 from neuron_testing import run_python
 
@@ -135,3 +138,61 @@ def test_relu_runs_as_clamp_min_out_and_keeps_its_bool_error():
     with pytest.raises(RuntimeError, match="aten::relu.*Boolean inputs not supported for relu"):
         torch.relu(torch.tensor([True, False], device="neuron"))
         torch.neuron.synchronize()
+
+
+def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
+    # add, sub, mul, div and relu on small contiguous operands of one shape
+    # and dtype run without a meta pass (csrc/bridge/ops/small_elementwise.cpp):
+    # new shapes add no meta-cache entry. Results, dtypes and strides are the
+    # CPU's, bit for bit; other calls take the generic path and agree too.
+    ops = {
+        "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+        "div": lambda a, b: a / b, "relu": lambda a, b: torch.relu(a),
+        "add_alpha": lambda a, b: torch.add(a, b, alpha=2),
+    }
+    dtypes = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+              torch.uint8, torch.bool)
+    g = torch.Generator().manual_seed(0)
+
+    def check(a, b):
+        for name, op in ops.items():
+            try:
+                want = op(a, b)
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError, match=re.escape(str(e).split("\n")[0][:40])):
+                    op(a.to("neuron"), b.to("neuron"))
+                    torch.neuron.synchronize()
+                continue
+            got = op(a.to("neuron"), b.to("neuron"))
+            assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride(), name
+            bits = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731 (NaN payloads, signed zeros)
+            assert torch.equal(bits(got.cpu()), bits(want)), (name, a.dtype)
+
+    for dtype in dtypes:
+        for shape in ((), (7,), (3, 5), (2, 1, 4), (0, 3)):
+            a = (torch.randn(shape, generator=g) * 10).to(dtype)
+            b = (torch.randn(shape, generator=g) * 10).to(dtype)
+            if dtype.is_floating_point and a.numel():
+                a.view(-1)[0] = float("nan")
+            check(a, b)
+    # New shapes on the lean path add no meta-cache entry; a broadcast does.
+    torch.neuron.synchronize()
+    for dtype, names in ((torch.float32, ("add", "sub", "mul", "div", "relu")), (torch.int64, ("add", "mul"))):
+        a, b = torch.ones(6, 11, dtype=dtype, device="neuron"), torch.ones(6, 11, dtype=dtype, device="neuron")
+        entries = torchneuron._C._meta_cache_entries()
+        for name in names:
+            ops[name](a, b)
+        assert torchneuron._C._meta_cache_entries() == entries, dtype
+    a, b = torch.ones(6, 13, device="neuron"), torch.ones(1, 13, device="neuron")
+    entries = torchneuron._C._meta_cache_entries()
+    a + b
+    assert torchneuron._C._meta_cache_entries() > entries
+    # Broadcasting, type promotion, strided views and CPU scalars: the generic path.
+    x = torch.randn(4, 6, generator=g)
+    for a, b in ((x, x[:1]), (x, x.double()), (x.t(), x.t()), (x[:, ::2], x[:, 1::2]), (x, torch.tensor(3.0))):
+        for name in ("add", "sub", "mul", "div", "relu"):
+            want = ops[name](a, b)
+            bn = b if b.dim() == 0 else b.to("neuron")
+            got = ops[name](a.to("neuron"), bn)
+            assert got.dtype == want.dtype and got.stride() == want.stride()
+            assert torch.equal(got.cpu(), want), name

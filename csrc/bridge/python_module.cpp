@@ -11,6 +11,7 @@
 #include "fusion/elementwise_fusion.h"
 #include "fusion/vector_math.h"
 #include "op_tracking.h"
+#include "ops/kernels.h"
 #include "ops/meta_cache.h"
 #include "ops/result_placement.h"
 #include "python_tasks.h"
@@ -75,6 +76,7 @@ py::dict memory_snapshot() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchneuron native bridge";
+  ops::prefer_cpu_kernels();  // after the static registrations of the explicit kernels
   m.def("_init", [] { ensure_initialized(); });
   m.def("device_count", [] { return int(device_count()); });
   m.def("_config_error", []() -> std::string {

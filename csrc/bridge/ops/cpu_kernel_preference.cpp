@@ -20,16 +20,13 @@
 #include <torch/library.h>
 
 #include <memory>
-#include <vector>
 
 #include "kernels.h"
 
 namespace torchneuron::ops {
-namespace {
 
-struct PreferCpuKernels {
-  std::vector<std::unique_ptr<torch::Library>> libraries;
-  PreferCpuKernels() {
+void prefer_cpu_kernels() {
+  static std::unique_ptr<torch::Library> lib = [] {
     auto& dispatcher = c10::Dispatcher::singleton();
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                                 __FILE__, __LINE__);
@@ -51,11 +48,8 @@ struct PreferCpuKernels {
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
     }
-    libraries.push_back(std::move(lib));
-  }
-};
+    return lib;
+  }();
+}
 
-PreferCpuKernels prefer_cpu_kernels;
-
-} // namespace
 } // namespace torchneuron::ops

@@ -36,7 +36,20 @@ at::Scalar local_scalar_dense(const at::Tensor& self);
 // random.cpp: random operators whose CPU kernels would use the CPU generator
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train);
 
+// small_elementwise.cpp: the lean path for small same-shape operands; the
+// rest of their calls go to device_fallback
+at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
+at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
+at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other);
+at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other);
+at::Tensor relu(const at::Tensor& self);
+
 // device_fallback.cpp: every other operator
 void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// cpu_kernel_preference.cpp: routes operators whose generic composite would
+// differ from the CPU kernel to device_fallback. Runs once the explicit
+// kernels above are registered, which it leaves in place.
+void prefer_cpu_kernels();
 
 } // namespace torchneuron::ops

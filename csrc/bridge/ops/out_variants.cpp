@@ -21,6 +21,19 @@ bool matches(const c10::FunctionSchema& f, const c10::FunctionSchema& o) {
   return true;
 }
 
+// Every overload name of each operator, for the few whose out= overload has
+// an irregular name (sum.dim_IntList -> sum.IntList_out, max.dim -> max.dim_max).
+const std::vector<std::string>& overloads_of(const std::string& name) {
+  static const auto all = [] {
+    std::unordered_map<std::string, std::vector<std::string>> m;
+    for (const auto& op : c10::Dispatcher::singleton().getAllOpNames()) m[op.name].push_back(op.overload_name);
+    return m;
+  }();
+  static const std::vector<std::string> none;
+  auto it = all.find(name);
+  return it == all.end() ? none : it->second;
+}
+
 } // namespace
 
 std::optional<c10::OperatorHandle> out_variant_of(const c10::OperatorHandle& functional) {
@@ -42,11 +55,14 @@ std::optional<c10::OperatorHandle> out_variant_of(const c10::OperatorHandle& fun
     found.emplace(&f, result);
     return result;
   }
+  // Most out= overloads are named by a pattern; any overload that matches the
+  // schema will do, so the others are searched after those.
   auto& dispatcher = c10::Dispatcher::singleton();
   const std::string& overload = f.overload_name();
-  for (const std::string& candidate :
-       {std::string("out"), overload + "_out", overload.empty() ? std::string() : overload + "out"}) {
-    if (candidate.empty()) continue;
+  std::vector<std::string> candidates{"out", overload + "_out", overload + "out"};
+  const auto& others = overloads_of(f.name());
+  candidates.insert(candidates.end(), others.begin(), others.end());
+  for (const std::string& candidate : candidates) {
     auto op = dispatcher.findOp(c10::OperatorName(f.name(), candidate));
     if (op && matches(f, op->schema()) &&
         (op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||

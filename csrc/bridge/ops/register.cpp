@@ -22,6 +22,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("native_dropout", native_dropout);
+  m.impl("add.Tensor", add_tensor);
+  m.impl("sub.Tensor", sub_tensor);
+  m.impl("mul.Tensor", mul_tensor);
+  m.impl("div.Tensor", div_tensor);
+  m.impl("relu", relu);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

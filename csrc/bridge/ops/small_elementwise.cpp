@@ -1,0 +1,162 @@
+// The lean host path: unboxed kernels for the commonest element-wise
+// operators when their operands are small.
+//
+// Every other call reaches device_fallback.cpp boxed: the dispatcher copies
+// each argument onto an IValue stack, and the executor keys its cached meta
+// pass on them. For a tensor that Python holds, each such copy and its drop
+// takes the GIL (PyTorch keeps a tensor's PyObject alive while C++ holds a
+// second reference): about 2K of the 15K host instructions of a tiny `x + y`.
+//
+// These kernels take their arguments as they come. When the operands are
+// contiguous neuron tensors on the current device with one dtype and one
+// shape, and too small to fuse, nothing needs computing to know the result:
+// TensorIterator gives such operands a contiguous result of their dtype and
+// coalesces them into one dimension, so the task runs the CPU kernel on flat
+// aliases, the very loop the CPU backend runs. Anything else (broadcasting,
+// type promotion, CPU scalars, strided views, fusable sizes, an error to
+// raise) takes the boxed path unchanged.
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/clamp_min_cpu_dispatch.h>
+#include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/sub_cpu_dispatch.h>
+#include <c10/core/CPUAllocator.h>
+
+#include "../device_state.h"
+#include "../fusion/elementwise_fusion.h"
+#include "../op_tracking.h"
+#include "aliases.h"
+#include "kernels.h"
+
+namespace torchneuron::ops {
+namespace {
+
+// The CPU kernel a task runs, on flat aliases of its output and operands.
+using FlatKernel = void (*)(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+
+// A CPU tensor over `numel` elements at `data`.
+at::Tensor flat_alias(const void* data, int64_t numel, c10::ScalarType dtype) {
+  const auto meta = c10::scalarTypeToTypeMeta(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), numel * meta.itemsize(),
+                       c10::DataPtr(const_cast<void*>(data), c10::Device(c10::kCPU)), nullptr, false);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), meta);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  return t;
+}
+
+// A whole task, kept inline in the task body (no allocation per launch).
+struct FlatTask {
+  FlatKernel kernel;
+  void* out;
+  const void* a;
+  const void* b;
+  int64_t numel;
+  c10::ScalarType dtype;
+  bool binary;
+
+  void operator()() const {
+    auto guard = below_autograd();
+    at::Tensor o = flat_alias(out, numel, dtype);
+    kernel(o, flat_alias(a, numel, dtype), binary ? flat_alias(b, numel, dtype) : at::Tensor());
+  }
+};
+
+bool plain(const at::Tensor& t) {
+  return t.defined() && t.device().type() == kNeuron && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+}
+
+// Whether a call on `a` (and `b`) can take the lean path: see the top.
+bool flat_operands(const at::Tensor& a, const at::Tensor& b) {
+  if (!plain(a) || a.device().index() != current_device() || a.numel() >= min_fusable_numel()) return false;
+  return !b.defined() || (plain(b) && b.device() == a.device() && b.scalar_type() == a.scalar_type() &&
+                          b.sizes() == a.sizes());
+}
+
+at::Tensor launch(FlatKernel kernel, OpCounter& counter, const std::string& name, const at::Tensor& a,
+                  const at::Tensor& b) {
+  const c10::DeviceIndex device = a.device().index();
+  at::Tensor out = at::detail::empty_generic(a.sizes(), c10::GetAllocator(kNeuron),
+                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), a.scalar_type(),
+                                             c10::MemoryFormat::Contiguous);
+  FlatTask task{kernel,    out.data_ptr(),  a.const_data_ptr(), b.defined() ? b.const_data_ptr() : nullptr,
+                a.numel(), a.scalar_type(), b.defined()};
+  translate_errors([&] { current_runtime_stream(device).enqueue(rt::TaskName::borrow(name), task); });
+  record_execution(counter, Execution::Queued);
+  return out;
+}
+
+// One operator: its schema, for the boxed path, and its slot in op tracking.
+struct Op {
+  c10::OperatorHandle handle;
+  OpCounter& counter;
+  std::string name;
+  Op(const char* op, const char* overload)
+      : handle(c10::Dispatcher::singleton().findSchemaOrThrow(op, overload)),
+        counter(op_counter(handle.schema().operator_name())),
+        name(std::string(op) + (*overload ? std::string(".") + overload : "")) {}
+
+  template <class... Args>
+  at::Tensor boxed(const Args&... args) const {
+    torch::jit::Stack stack;
+    stack.reserve(sizeof...(args));
+    (stack.emplace_back(args), ...);
+    device_fallback(handle, &stack);
+    return std::move(stack.back()).toTensor();
+  }
+};
+
+bool is_one(const at::Scalar& alpha) { return alpha.isIntegral(false) && alpha.to<int64_t>() == 1; }
+
+// `accepts`: the dtypes whose result has their own dtype and raises no error
+// (sub and relu refuse bool; div promotes integers to float).
+template <FlatKernel kernel, const char* name, bool (*accepts)(c10::ScalarType)>
+at::Tensor binary_with_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  static const Op op(name, "Tensor");
+  if (is_one(alpha) && flat_operands(self, other) && accepts(self.scalar_type()))
+    return launch(kernel, op.counter, op.name, self, other);
+  return op.boxed(self, other, alpha);
+}
+
+template <FlatKernel kernel, const char* name, bool (*accepts)(c10::ScalarType)>
+at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
+  static const Op op(name, "Tensor");
+  if (flat_operands(self, other) && accepts(self.scalar_type())) return launch(kernel, op.counter, op.name, self, other);
+  return op.boxed(self, other);
+}
+
+template <FlatKernel kernel, const char* name, bool (*accepts)(c10::ScalarType)>
+at::Tensor unary(const at::Tensor& self) {
+  static const Op op(name, "");
+  if (flat_operands(self, at::Tensor()) && accepts(self.scalar_type()))
+    return launch(kernel, op.counter, op.name, self, at::Tensor());
+  return op.boxed(self);
+}
+
+bool any(c10::ScalarType) { return true; }
+bool not_bool(c10::ScalarType t) { return t != at::kBool; }
+bool floating(c10::ScalarType t) { return at::isFloatingType(t); }
+
+constexpr char kAdd[] = "aten::add", kSub[] = "aten::sub", kMul[] = "aten::mul", kDiv[] = "aten::div",
+               kRelu[] = "aten::relu";
+
+void add(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::add_out(o, a, b); }
+void sub(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::sub_out(o, a, b); }
+void mul(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::mul_out(o, a, b); }
+void div(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::div_out(o, a, b); }
+// ATen's CPU relu is clamp_min(self, 0) once it has refused bool.
+void relu_kernel(at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::clamp_min_out(o, a, 0); }
+
+} // namespace
+
+at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary_with_alpha<add, kAdd, any>(self, other, alpha);
+}
+at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return binary_with_alpha<sub, kSub, not_bool>(self, other, alpha);
+}
+at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other) { return binary<mul, kMul, any>(self, other); }
+at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) { return binary<div, kDiv, floating>(self, other); }
+at::Tensor relu(const at::Tensor& self) { return unary<relu_kernel, kRelu, not_bool>(self); }
+
+} // namespace torchneuron::ops
