@@ -142,7 +142,7 @@ def test_relu_runs_as_clamp_min_out_and_keeps_its_bool_error():
 
 def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
     # add, sub, mul, div and relu on small contiguous operands of one shape
-    # and dtype run without a meta pass (csrc/bridge/ops/small_elementwise.cpp):
+    # and dtype run without a meta pass (csrc/bridge/ops/small_ops.cpp):
     # new shapes add no meta-cache entry. Results, dtypes and strides are the
     # CPU's, bit for bit; other calls take the generic path and agree too.
     ops = {
@@ -196,3 +196,32 @@ def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
             got = ops[name](a.to("neuron"), bn)
             assert got.dtype == want.dtype and got.stride() == want.stride()
             assert torch.equal(got.cpu(), want), name
+
+
+def test_small_cat_of_contiguous_tensors_takes_the_lean_path_and_matches_cpu():
+    # cat of small contiguous tensors of one dtype with up to three dimensions
+    # is a copy of rows made by the task itself (csrc/bridge/ops/small_ops.cpp):
+    # no meta pass, so new shapes add no meta-cache entry. Results are the
+    # CPU's; anything else takes the generic path and agrees too.
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16):
+        a = (torch.randn(3, 4, 5, generator=g) * 10).to(dtype)
+        cases = [([a.narrow(d, 0, 2).contiguous(), a.narrow(d, 1, 1).contiguous(), a], d) for d in (0, 1, 2, -1, -3)]
+        cases += [([a[0], a[1]], 0), ([a.reshape(-1), a.reshape(-1)[:0]], 0), ([a], 1), ([a[:0], a], 0)]
+        cases += [([a, a.transpose(0, 1).contiguous().transpose(0, 1)], 2),  # strided: generic
+                  ([a.reshape(3, 4, 5, 1), a.reshape(3, 4, 5, 1)], 3),  # 4-D: generic
+                  ([a, a.double()], 0)]  # promotion: generic
+        torch.neuron.synchronize()
+        for parts, dim in cases:
+            want = torch.cat(parts, dim)
+            got = torch.cat([p.to("neuron") for p in parts], dim)
+            assert got.dtype == want.dtype and got.stride() == want.stride(), (dtype, dim)
+            assert torch.equal(got.cpu(), want), (dtype, dim)
+    parts = [torch.ones(2, 7, 3, device="neuron"), torch.zeros(2, 1, 3, device="neuron")]
+    entries = torchneuron._C._meta_cache_entries()
+    assert torch.equal(torch.cat(parts, 1).cpu(), torch.cat([p.cpu() for p in parts], 1))
+    assert torchneuron._C._meta_cache_entries() == entries
+    with pytest.raises(RuntimeError, match="same number of dimensions"):
+        torch.cat([torch.ones(2, device="neuron"), torch.ones(2, 3, device="neuron")])
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.cat([torch.ones(2, device="neuron"), torch.ones(2)])

@@ -36,13 +36,14 @@ at::Scalar local_scalar_dense(const at::Tensor& self);
 // random.cpp: random operators whose CPU kernels would use the CPU generator
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train);
 
-// small_elementwise.cpp: the lean path for small same-shape operands; the
-// rest of their calls go to device_fallback
+// small_ops.cpp: the lean path for small contiguous operands of one dtype;
+// the rest of their calls go to device_fallback
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
 at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
 at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other);
 at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other);
 at::Tensor relu(const at::Tensor& self);
+at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim);
 
 // device_fallback.cpp: every other operator
 void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);

@@ -1,5 +1,5 @@
-// The lean host path: unboxed kernels for the commonest element-wise
-// operators when their operands are small.
+// The lean host path: unboxed kernels for the commonest operators when their
+// operands are small (element-wise arithmetic, relu, cat).
 //
 // Every other call reaches device_fallback.cpp boxed: the dispatcher copies
 // each argument onto an IValue stack, and the executor keys its cached meta
@@ -12,7 +12,8 @@
 // shape, and too small to fuse, nothing needs computing to know the result:
 // TensorIterator gives such operands a contiguous result of their dtype and
 // coalesces them into one dimension, so the task runs the CPU kernel on flat
-// aliases, the very loop the CPU backend runs. Anything else (broadcasting,
+// aliases, the very loop the CPU backend runs. A cat of such tensors is a
+// copy of rows, which the task makes itself. Anything else (broadcasting,
 // type promotion, CPU scalars, strided views, fusable sizes, an error to
 // raise) takes the boxed path unchanged.
 #include <ATen/EmptyTensor.h>
@@ -22,6 +23,9 @@
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/WrapDimMinimal.h>
+
+#include <cstring>
 
 #include "../device_state.h"
 #include "../fusion/elementwise_fusion.h"
@@ -147,7 +151,70 @@ void div(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::div
 // ATen's CPU relu is clamp_min(self, 0) once it has refused bool.
 void relu_kernel(at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::clamp_min_out(o, a, 0); }
 
+// A cat of contiguous tensors along `dim`: each of the `rows` rows of the
+// output (the product of the sizes before `dim`) is every input's row in turn.
+struct CatTask {
+  void* out;
+  int64_t rows;
+  c10::SmallVector<std::pair<const void*, int64_t>, 4> inputs;  // data, bytes per row
+
+  void operator()() const {
+    auto* o = static_cast<char*>(out);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (const auto& [data, bytes] : inputs) {
+        if (bytes == 0) continue;
+        std::memcpy(o, static_cast<const char*>(data) + r * bytes, bytes);
+        o += bytes;
+      }
+    }
+  }
+};
+
 } // namespace
+
+at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
+  static const Op op("aten::cat", "");
+  // Up to three dimensions: the CPU kernel gives 4- and 5-dimensional results
+  // a memory format from its inputs' strides.
+  const at::Tensor* first = nullptr;
+  int64_t numel = 0, cat_size = 0;
+  bool lean = true;
+  for (const at::Tensor& t : tensors) {
+    if (!first) {
+      first = &t;
+      lean = flat_operands(t, at::Tensor()) && t.dim() >= 1 && t.dim() <= 3 && dim >= -t.dim() && dim < t.dim();
+      if (lean) dim = c10::maybe_wrap_dim(dim, t.dim());
+    } else {
+      lean = lean && plain(t) && t.device() == first->device() && t.scalar_type() == first->scalar_type() &&
+             t.dim() == first->dim();
+      for (int64_t d = 0; lean && d < t.dim(); ++d) lean = d == dim || t.size(d) == first->size(d);
+    }
+    if (!lean) break;
+    numel += t.numel();
+    cat_size += t.size(dim);
+  }
+  // (Large ones get ATen's kernel, which copies on every intra-op thread.)
+  if (!first || !lean || numel >= min_fusable_numel()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : tensors) list.push_back(t);
+    return op.boxed(list, dim);
+  }
+  std::vector<int64_t> sizes = first->sizes().vec();
+  sizes[dim] = cat_size;
+  at::Tensor out = at::detail::empty_generic(sizes, c10::GetAllocator(kNeuron),
+                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), first->scalar_type(),
+                                             c10::MemoryFormat::Contiguous);
+  int64_t rows = 1;
+  for (int64_t d = 0; d < dim; ++d) rows *= sizes[d];
+  CatTask task{out.data_ptr(), rows, {}};
+  for (const at::Tensor& t : tensors)
+    task.inputs.emplace_back(t.const_data_ptr(), rows == 0 ? 0 : t.numel() / rows * static_cast<int64_t>(t.itemsize()));
+  translate_errors([&] {
+    current_runtime_stream(first->device().index()).enqueue(rt::TaskName::borrow(op.name), std::move(task));
+  });
+  record_execution(op.counter, Execution::Queued);
+  return out;
+}
 
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   return binary_with_alpha<add, kAdd, any>(self, other, alpha);
