@@ -8,10 +8,12 @@
 // then match the CPU bit for bit. The list is computed from the dispatcher
 // when the extension loads, so it follows PyTorch's registrations.
 //
-// Structured operators (add.Tensor, mul.Tensor, ...) are routed too: their
-// generic wrapper would compute the output on the host with the structured
-// meta function and then call the out= overload through the dispatcher again;
-// the executor's cached meta pass and direct out= call cost half as much.
+// Structured operators (sum.dim_IntList, pow.Tensor_Tensor, ...) are routed
+// too: their generic wrapper would compute the output on the host with the
+// structured meta function and then call the out= overload through the
+// dispatcher again; the executor's cached meta pass and direct out= call cost
+// half as much. (Operators with kernels of their own, such as the lean ones
+// in small_ops.cpp, are left as they are.)
 //
 // Convolution is the other case: its composite picks an algorithm by device
 // type and sends unknown devices to convolution_overrideable (unimplemented).
