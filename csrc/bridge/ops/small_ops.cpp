@@ -22,11 +22,11 @@
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/WrapDimMinimal.h>
 
 #include <cstring>
 
+#include "../allocator.h"
 #include "../device_state.h"
 #include "../fusion/elementwise_fusion.h"
 #include "../op_tracking.h"
@@ -57,7 +57,7 @@ struct FlatTask {
   const void* b;
   int64_t numel;
   c10::ScalarType dtype;
-  bool binary;
+  bool binary;  // (b is null for an empty operand, so it cannot say)
 
   void operator()() const {
     auto guard = below_autograd();
@@ -71,23 +71,10 @@ bool plain(const at::Tensor& t) {
 }
 
 // Whether a call on `a` (and `b`) can take the lean path: see the top.
-bool flat_operands(const at::Tensor& a, const at::Tensor& b) {
+bool flat_operands(const at::Tensor& a, const at::Tensor& b = {}) {
   if (!plain(a) || a.device().index() != current_device() || a.numel() >= min_fusable_numel()) return false;
   return !b.defined() || (plain(b) && b.device() == a.device() && b.scalar_type() == a.scalar_type() &&
                           b.sizes() == a.sizes());
-}
-
-at::Tensor launch(FlatKernel kernel, OpCounter& counter, const std::string& name, const at::Tensor& a,
-                  const at::Tensor& b) {
-  const c10::DeviceIndex device = a.device().index();
-  at::Tensor out = at::detail::empty_generic(a.sizes(), c10::GetAllocator(kNeuron),
-                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), a.scalar_type(),
-                                             c10::MemoryFormat::Contiguous);
-  FlatTask task{kernel,    out.data_ptr(),  a.const_data_ptr(), b.defined() ? b.const_data_ptr() : nullptr,
-                a.numel(), a.scalar_type(), b.defined()};
-  translate_errors([&] { current_runtime_stream(device).enqueue(rt::TaskName::borrow(name), task); });
-  record_execution(counter, Execution::Queued);
-  return out;
 }
 
 // One operator: its schema, for the boxed path, and its slot in op tracking.
@@ -108,48 +95,32 @@ struct Op {
     device_fallback(handle, &stack);
     return std::move(stack.back()).toTensor();
   }
+
+  // Queues `task` on `device`'s current stream as a call of this operator.
+  template <class Task>
+  void queue(c10::DeviceIndex device, Task&& task) const {
+    translate_errors([&] {
+      current_runtime_stream(device).enqueue(rt::TaskName::borrow(name), std::forward<Task>(task));
+    });
+    record_execution(counter, Execution::Queued);
+  }
 };
 
+at::Tensor empty_contiguous(c10::IntArrayRef sizes, c10::ScalarType dtype) {
+  return at::detail::empty_generic(sizes, &device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   dtype, c10::MemoryFormat::Contiguous);
+}
+
+// `a` (and `b`) passed flat_operands.
+at::Tensor launch(const Op& op, FlatKernel kernel, const at::Tensor& a, const at::Tensor& b = {}) {
+  at::Tensor out = empty_contiguous(a.sizes(), a.scalar_type());
+  op.queue(a.device().index(), FlatTask{kernel, out.data_ptr(), a.const_data_ptr(),
+                                        b.defined() ? b.const_data_ptr() : nullptr, a.numel(), a.scalar_type(),
+                                        b.defined()});
+  return out;
+}
+
 bool is_one(const at::Scalar& alpha) { return alpha.isIntegral(false) && alpha.to<int64_t>() == 1; }
-
-// `accepts`: the dtypes whose result has their own dtype and raises no error
-// (sub and relu refuse bool; div promotes integers to float).
-template <FlatKernel kernel, const char* name, bool (*accepts)(c10::ScalarType)>
-at::Tensor binary_with_alpha(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  static const Op op(name, "Tensor");
-  if (is_one(alpha) && flat_operands(self, other) && accepts(self.scalar_type()))
-    return launch(kernel, op.counter, op.name, self, other);
-  return op.boxed(self, other, alpha);
-}
-
-template <FlatKernel kernel, const char* name, bool (*accepts)(c10::ScalarType)>
-at::Tensor binary(const at::Tensor& self, const at::Tensor& other) {
-  static const Op op(name, "Tensor");
-  if (flat_operands(self, other) && accepts(self.scalar_type())) return launch(kernel, op.counter, op.name, self, other);
-  return op.boxed(self, other);
-}
-
-template <FlatKernel kernel, const char* name, bool (*accepts)(c10::ScalarType)>
-at::Tensor unary(const at::Tensor& self) {
-  static const Op op(name, "");
-  if (flat_operands(self, at::Tensor()) && accepts(self.scalar_type()))
-    return launch(kernel, op.counter, op.name, self, at::Tensor());
-  return op.boxed(self);
-}
-
-bool any(c10::ScalarType) { return true; }
-bool not_bool(c10::ScalarType t) { return t != at::kBool; }
-bool floating(c10::ScalarType t) { return at::isFloatingType(t); }
-
-constexpr char kAdd[] = "aten::add", kSub[] = "aten::sub", kMul[] = "aten::mul", kDiv[] = "aten::div",
-               kRelu[] = "aten::relu";
-
-void add(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::add_out(o, a, b); }
-void sub(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::sub_out(o, a, b); }
-void mul(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::mul_out(o, a, b); }
-void div(at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::div_out(o, a, b); }
-// ATen's CPU relu is clamp_min(self, 0) once it has refused bool.
-void relu_kernel(at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::clamp_min_out(o, a, 0); }
 
 // A cat of contiguous tensors along `dim`: each of the `rows` rows of the
 // output (the product of the sizes before `dim`) is every input's row in turn.
@@ -182,7 +153,7 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   for (const at::Tensor& t : tensors) {
     if (!first) {
       first = &t;
-      lean = flat_operands(t, at::Tensor()) && t.dim() >= 1 && t.dim() <= 3 && dim >= -t.dim() && dim < t.dim();
+      lean = flat_operands(t) && t.dim() >= 1 && t.dim() <= 3 && dim >= -t.dim() && dim < t.dim();
       if (lean) dim = c10::maybe_wrap_dim(dim, t.dim());
     } else {
       lean = lean && plain(t) && t.device() == first->device() && t.scalar_type() == first->scalar_type() &&
@@ -201,29 +172,57 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   }
   std::vector<int64_t> sizes = first->sizes().vec();
   sizes[dim] = cat_size;
-  at::Tensor out = at::detail::empty_generic(sizes, c10::GetAllocator(kNeuron),
-                                             c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), first->scalar_type(),
-                                             c10::MemoryFormat::Contiguous);
+  at::Tensor out = empty_contiguous(sizes, first->scalar_type());
   int64_t rows = 1;
   for (int64_t d = 0; d < dim; ++d) rows *= sizes[d];
   CatTask task{out.data_ptr(), rows, {}};
   for (const at::Tensor& t : tensors)
     task.inputs.emplace_back(t.const_data_ptr(), rows == 0 ? 0 : t.numel() / rows * static_cast<int64_t>(t.itemsize()));
-  translate_errors([&] {
-    current_runtime_stream(first->device().index()).enqueue(rt::TaskName::borrow(op.name), std::move(task));
-  });
-  record_execution(op.counter, Execution::Queued);
+  op.queue(first->device().index(), std::move(task));
   return out;
 }
 
+// Each takes the lean path only for dtypes whose result keeps their dtype and
+// raises nothing: sub and relu refuse bool, div promotes integers to float.
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary_with_alpha<add, kAdd, any>(self, other, alpha);
+  static const Op op("aten::add", "Tensor");
+  if (is_one(alpha) && flat_operands(self, other))
+    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::add_out(o, a, b); },
+                  self, other);
+  return op.boxed(self, other, alpha);
 }
+
 at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
-  return binary_with_alpha<sub, kSub, not_bool>(self, other, alpha);
+  static const Op op("aten::sub", "Tensor");
+  if (is_one(alpha) && flat_operands(self, other) && self.scalar_type() != at::kBool)
+    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::sub_out(o, a, b); },
+                  self, other);
+  return op.boxed(self, other, alpha);
 }
-at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other) { return binary<mul, kMul, any>(self, other); }
-at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) { return binary<div, kDiv, floating>(self, other); }
-at::Tensor relu(const at::Tensor& self) { return unary<relu_kernel, kRelu, not_bool>(self); }
+
+at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other) {
+  static const Op op("aten::mul", "Tensor");
+  if (flat_operands(self, other))
+    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::mul_out(o, a, b); },
+                  self, other);
+  return op.boxed(self, other);
+}
+
+at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) {
+  static const Op op("aten::div", "Tensor");
+  if (flat_operands(self, other) && at::isFloatingType(self.scalar_type()))
+    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::div_out(o, a, b); },
+                  self, other);
+  return op.boxed(self, other);
+}
+
+// ATen's CPU relu is clamp_min(self, 0) once it has refused bool.
+at::Tensor relu(const at::Tensor& self) {
+  static const Op op("aten::relu", "");
+  if (flat_operands(self) && self.scalar_type() != at::kBool)
+    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::clamp_min_out(o, a, 0); },
+                  self);
+  return op.boxed(self);
+}
 
 } // namespace torchneuron::ops
