@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <exception>
+#include <utility>
 
 #include "device.h"
 #include "errors.h"
@@ -10,17 +11,40 @@ namespace torchneuron::runtime {
 
 namespace {
 constexpr int64_t kSpinNs = 50'000;
+
+// Who may touch a slot's task.
+enum SlotState : uint32_t {
+  kFree,      // nobody: the slot waits for a host to fill it
+  kReady,     // queued: the executor may claim it, a host may amend it
+  kAmending,  // a host is changing it; the executor waits
+  kTaken,     // the executor runs it, then frees the slot
+};
 } // namespace
 
-Stream::Stream(Device& device, int id) : device_(device), id_(id) {}
+struct alignas(64) Stream::Slot {
+  std::atomic<uint32_t> state{kFree};
+  // Host time until which an idle executor holds a lingering task back (0: no lingering).
+  std::atomic<int64_t> linger_until{0};
+  Task task;
+};
+
+struct Stream::Segment {
+  static constexpr uint32_t kSlots = 64;
+  Slot slots[kSlots];
+  std::atomic<Segment*> next{nullptr};
+};
+
+Stream::Stream(Device& device, int id) : device_(device), id_(id) { head_ = tail_ = new Segment(); }
 
 Stream::~Stream() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(sleep_mu_);
     stopping_ = true;
   }
   work_cv_.notify_all();
-  if (executor_.joinable()) executor_.join();
+  if (executor_.joinable()) executor_.join();  // it drains the queue first
+  for (Segment* s = head_; s;) delete std::exchange(s, s->next.load());
+  delete spare_.load();
 }
 
 uint64_t Stream::enqueue(TaskName name, TaskBody run) {
@@ -32,31 +56,37 @@ uint64_t Stream::enqueue(TaskName name, TaskBody run) {
 
 uint64_t Stream::enqueue(Task task) {
   task.enqueued_ns = task.amended_ns = now_ns();
-  if (device_.launch_blocking()) {
-    // Debug mode: run here and now, after everything before it, and report
-    // an error at the launch that caused it.
-    std::unique_lock<std::mutex> lock(mu_);
-    task.seq = enqueued_.load() + 1;
-    enqueued_.store(task.seq, std::memory_order_release);
-    ++host_waiters_;
-    done_cv_.wait(lock, [&] { return completed_.load() + 1 == task.seq; });
-    --host_waiters_;
-    lock.unlock();
-    run_one(task);
-    device_.raise_pending_error();
-    return task.seq;
-  }
-  bool wake;
+  const int64_t linger_until = task.linger_ns > 0 ? task.enqueued_ns + task.linger_ns : 0;
   uint64_t seq;
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    seq = task.seq = enqueued_.load() + 1;
-    queue_.push_back(std::move(task));
-    enqueued_.store(seq, std::memory_order_release);
+    std::lock_guard<std::mutex> lock(producer_mu_);
+    if (tail_pos_ == Segment::kSlots) {
+      Segment* fresh = spare_.exchange(nullptr, std::memory_order_acquire);
+      if (!fresh) fresh = new Segment();
+      tail_->next.store(fresh, std::memory_order_release);
+      tail_ = fresh;
+      tail_pos_ = 0;
+    }
+    Slot& slot = tail_->slots[tail_pos_++];
+    seq = task.seq = enqueued_.load(std::memory_order_relaxed) + 1;
+    slot.task = std::move(task);
+    slot.linger_until.store(linger_until, std::memory_order_relaxed);
+    slot.state.store(kReady, std::memory_order_release);
+    newest_ = &slot;
+    // Sequentially consistent, as the executor going to sleep is: either it
+    // sees this task, or this thread sees it asleep below.
+    enqueued_.store(seq, std::memory_order_seq_cst);
     if (!executor_.joinable()) executor_ = std::thread([this] { executor_loop(); });
-    wake = executor_sleeping_;
   }
-  if (wake) work_cv_.notify_one();
+  if (executor_sleeping_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(sleep_mu_);
+    work_cv_.notify_one();
+  }
+  if (device_.launch_blocking()) {
+    // Debug mode: the launch returns once the task ran, and raises its error.
+    wait_until(seq);
+    device_.raise_pending_error();
+  }
   return seq;
 }
 
@@ -78,49 +108,82 @@ void Stream::run_one(Task& task) {
   // consistent, so either this sees the waiter or the waiter sees this store.
   completed_.store(task.seq, std::memory_order_seq_cst);
   if (host_waiters_.load(std::memory_order_seq_cst) > 0) {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(sleep_mu_);
     done_cv_.notify_all();
   }
 }
 
 void Stream::executor_loop() {
-  for (;;) {
-    Task task;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (queue_.empty()) {
-        // Spin briefly before sleeping: a host issuing a burst of small
-        // operators then avoids paying a wake-up per task.
-        const uint64_t seen = enqueued_.load(std::memory_order_acquire);
-        lock.unlock();
-        for (int64_t t0 = now_ns(); enqueued_.load(std::memory_order_acquire) == seen &&
-                                    now_ns() - t0 < kSpinNs;)
-          std::this_thread::yield();
-        lock.lock();
-        executor_sleeping_ = true;
-        work_cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
-        executor_sleeping_ = false;
-        if (queue_.empty()) return;  // stopping
-      }
-      // A task that lingers (Task::linger_ns) waits while the host amends it,
-      // until something else is queued, a host waits, or time is up.
-      while (queue_.size() == 1 && queue_.front().linger_ns > 0 && host_waiters_ == 0 && !stopping_) {
-        const int64_t left = queue_.front().amended_ns + queue_.front().linger_ns - now_ns();
-        if (left <= 0) break;
-        executor_sleeping_ = true;
-        work_cv_.wait_for(lock, std::chrono::nanoseconds(left));
-        executor_sleeping_ = false;
-      }
-      task = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    run_one(task);
+  while (Slot* slot = next_task()) {
+    run_one(slot->task);
+    slot->task = Task();
+    slot->state.store(kFree, std::memory_order_relaxed);
   }
+}
+
+Stream::Slot* Stream::head_slot() {
+  if (head_pos_ == Segment::kSlots) {
+    Segment* next = head_->next.load(std::memory_order_acquire);
+    if (!next) return nullptr;
+    // Every slot of the old segment has run, and the newest task is in a
+    // later one: hosts may refill it.
+    Segment* done = std::exchange(head_, next);
+    head_pos_ = 0;
+    done->next.store(nullptr, std::memory_order_relaxed);
+    delete spare_.exchange(done, std::memory_order_acq_rel);
+  }
+  return &head_->slots[head_pos_];
+}
+
+Stream::Slot* Stream::next_task() {
+  for (;;) {
+    Slot* slot = head_slot();
+    uint32_t state = slot ? slot->state.load(std::memory_order_acquire) : kFree;
+    if (state == kFree) {
+      if (!idle()) return nullptr;
+      continue;
+    }
+    if (state == kAmending) {
+      std::this_thread::yield();
+      continue;
+    }
+    // A task that lingers (Task::linger_ns) waits while the host amends it,
+    // until something else is queued, a host waits, or time is up.
+    if (const int64_t until = slot->linger_until.load(std::memory_order_relaxed)) {
+      const uint64_t seq = slot->task.seq;  // never amended
+      auto go = [&] { return stopping_ || host_waiters_.load() > 0 || enqueued_.load() != seq; };
+      if (until > now_ns() && !go()) {
+        std::unique_lock<std::mutex> lock(sleep_mu_);
+        executor_sleeping_.store(true, std::memory_order_seq_cst);
+        work_cv_.wait_for(lock, std::chrono::nanoseconds(until - now_ns()), go);
+        executor_sleeping_.store(false, std::memory_order_relaxed);
+        continue;  // look again: it may have been amended, with a later deadline
+      }
+    }
+    if (slot->state.compare_exchange_strong(state, kTaken, std::memory_order_acquire)) {
+      ++head_pos_;
+      started_.store(slot->task.seq, std::memory_order_relaxed);
+      return slot;
+    }
+  }
+}
+
+bool Stream::idle() {
+  // Spin briefly before sleeping: a host issuing a burst of small operators
+  // then avoids paying a wake-up per task.
+  const uint64_t seen = started_.load(std::memory_order_relaxed);
+  auto work = [&] { return enqueued_.load(std::memory_order_seq_cst) != seen; };
+  for (int64_t t0 = now_ns(); !work() && now_ns() - t0 < kSpinNs;) std::this_thread::yield();
+  std::unique_lock<std::mutex> lock(sleep_mu_);
+  executor_sleeping_.store(true, std::memory_order_seq_cst);
+  work_cv_.wait(lock, [&] { return work() || stopping_; });
+  executor_sleeping_.store(false, std::memory_order_relaxed);
+  return work();  // when stopping, after the last task
 }
 
 void Stream::wait_until(uint64_t seq) {
   if (is_complete(seq)) return;
-  std::unique_lock<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(sleep_mu_);
   ++host_waiters_;
   if (executor_sleeping_) work_cv_.notify_one();  // a lingering task starts now
   done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_seq_cst) >= seq; });
@@ -133,15 +196,26 @@ void Stream::synchronize() {
 }
 
 bool Stream::amend_pending_tail(const std::function<bool(Task&)>& amend) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (queue_.empty() || !amend(queue_.back())) return false;
-  queue_.back().amended_ns = now_ns();
+  std::lock_guard<std::mutex> lock(producer_mu_);
+  Slot* slot = newest_;
+  uint32_t ready = kReady;
+  if (!slot || !slot->state.compare_exchange_strong(ready, kAmending, std::memory_order_acquire)) return false;
+  struct Release {  // hands the task back to the executor, even if `amend` throws
+    Slot* slot;
+    ~Release() { slot->state.store(kReady, std::memory_order_release); }
+  } release{slot};
+  if (!amend(slot->task)) return false;
+  Task& task = slot->task;
+  task.amended_ns = now_ns();
+  if (task.linger_ns > 0) slot->linger_until.store(task.amended_ns + task.linger_ns, std::memory_order_relaxed);
   return true;
 }
 
 size_t Stream::pending() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return queue_.size();
+  // The executor may claim a task a moment before its host counts it.
+  const uint64_t started = started_.load(std::memory_order_acquire);
+  const uint64_t enqueued = enqueued_.load(std::memory_order_acquire);
+  return enqueued > started ? enqueued - started : 0;
 }
 
 } // namespace torchneuron::runtime

@@ -1,14 +1,24 @@
 // An in-order queue of device tasks, run by one executor thread the runtime owns.
 // Work on different streams runs concurrently; events order it.
 //
-// Tasks that have not started stay in the queue, where the bridge's fuser may
-// inspect and amend the newest one (amend_pending_tail).
+// The queue is built for a host thread issuing many small tasks to an executor
+// on another core. The two share nothing on the hot path but the task slots
+// themselves: hosts append under a mutex that only hosts take, the executor
+// claims a slot by a compare-and-swap on that slot's own state word, and the
+// counters each side writes sit on cache lines of their own. Slots live in
+// segments the executor hands back for reuse, so a launch allocates nothing
+// that the other thread frees. (A mutex-guarded std::deque, the obvious
+// queue, passes the mutex's cache line between the cores twice per task and
+// frees every node on the thread that did not allocate it: together that cost
+// a tiny operator about as much as its kernel.)
+//
+// Tasks that have not started stay in their slots, where the bridge's fuser
+// may inspect and amend the newest one (amend_pending_tail).
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -54,23 +64,45 @@ class Stream {
   size_t pending() const;
 
  private:
+  struct Slot;
+  struct Segment;
+
+  Slot* head_slot();       // executor: the next slot to run, or null at a segment's end
+  Slot* next_task();       // executor: the next task, claimed; null once stopping and idle
+  bool idle();             // executor: spins, then sleeps until work comes; false when stopping
   void run_one(Task& task);
   void executor_loop();
 
   Device& device_;
   const int id_;
-  mutable std::mutex mu_;
+
+  // Host side: only hosts touch these, under producer_mu_.
+  alignas(64) std::mutex producer_mu_;
+  Segment* tail_ = nullptr;
+  uint32_t tail_pos_ = 0;
+  Slot* newest_ = nullptr;   // the task amend_pending_tail may change
+  std::thread executor_;     // started on first enqueue
+
+  alignas(64) std::atomic<uint64_t> enqueued_{0};  // written by hosts
+
+  // Executor side: only the executor writes these.
+  alignas(64) std::atomic<uint64_t> completed_{0};
+  std::atomic<uint64_t> started_{0};
+  Segment* head_ = nullptr;
+  uint32_t head_pos_ = 0;
+
+  // A consumed segment waiting to be reused (exchanged once per segment).
+  alignas(64) std::atomic<Segment*> spare_{nullptr};
+
+  // Sleeping and waking, off the hot path.
+  alignas(64) std::mutex sleep_mu_;
   std::condition_variable work_cv_;  // executor waits for work
   std::condition_variable done_cv_;  // hosts wait for completion
-  std::deque<Task> queue_;
-  std::atomic<uint64_t> enqueued_{0};
-  std::atomic<uint64_t> completed_{0};
-  // Hosts blocked in wait_until (changed under mu_). An executor finishing a
-  // task takes mu_ to wake them only when there are any.
+  std::atomic<bool> executor_sleeping_{false};
+  // Hosts blocked in wait_until (changed under sleep_mu_). An executor
+  // finishing a task takes sleep_mu_ to wake them only when there are any.
   std::atomic<int> host_waiters_{0};
-  bool executor_sleeping_ = false;   // guarded by mu_
-  bool stopping_ = false;            // guarded by mu_
-  std::thread executor_;             // started on first enqueue
+  std::atomic<bool> stopping_{false};  // set under sleep_mu_
 };
 
 } // namespace torchneuron::runtime

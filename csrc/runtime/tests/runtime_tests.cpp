@@ -256,6 +256,46 @@ TEST(many_streams_run_concurrently) {
   CHECK(peak.load() >= 2);
 }
 
+// Several hosts issue bursts that span many queue segments while another
+// amends the newest task: every task runs once, each host's in its order, and
+// an amendment lands only on a task that had not started.
+TEST(queue_keeps_order_across_hosts_segments_and_amendments) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  constexpr int kHosts = 3, kTasks = 5000;
+  std::vector<int> last(kHosts, -1);  // written by the executor only
+  std::atomic<int> out_of_order{0}, ran{0}, amended_ran{0}, amendments{0};
+  std::atomic<bool> hosts_done{false};
+  std::thread amender([&] {
+    while (!hosts_done)
+      amendments += s.amend_pending_tail([&](Task& t) {
+        t.run = [first = std::move(t.run), &amended_ran]() mutable {
+          first();
+          ++amended_ran;
+        };
+        return true;
+      });
+  });
+  std::vector<std::thread> hosts;
+  for (int h = 0; h < kHosts; ++h)
+    hosts.emplace_back([&, h] {
+      for (int i = 0; i < kTasks; ++i)
+        s.enqueue("t", [&, h, i] {
+          if (last[h] != i - 1) ++out_of_order;
+          last[h] = i;
+          ++ran;
+        });
+    });
+  for (auto& t : hosts) t.join();
+  hosts_done = true;
+  amender.join();
+  s.synchronize();
+  CHECK(ran == kHosts * kTasks);
+  CHECK(out_of_order == 0);
+  CHECK(amended_ran == amendments);
+  CHECK(s.pending() == 0);
+}
+
 int main() {
   int passed = 0, failed = 0;
   for (auto& [name, fn] : registry()) {
