@@ -141,14 +141,15 @@ def test_relu_runs_as_clamp_min_out_and_keeps_its_bool_error():
 
 
 def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
-    # add, sub, mul, div and relu on small contiguous operands of one shape
-    # and dtype run without a meta pass (csrc/bridge/ops/small_ops.cpp):
+    # add, sub, mul, div, relu and sum on small contiguous operands of one
+    # shape and dtype run without a meta pass (csrc/bridge/ops/small_ops.cpp):
     # new shapes add no meta-cache entry. Results, dtypes and strides are the
     # CPU's, bit for bit; other calls take the generic path and agree too.
     ops = {
         "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
         "div": lambda a, b: a / b, "relu": lambda a, b: torch.relu(a),
         "add_alpha": lambda a, b: torch.add(a, b, alpha=2),
+        "sum": lambda a, b: a.sum(), "sum_double": lambda a, b: a.sum(dtype=torch.float64),
     }
     dtypes = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
               torch.uint8, torch.bool)
@@ -169,7 +170,7 @@ def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
             assert torch.equal(bits(got.cpu()), bits(want)), (name, a.dtype)
 
     for dtype in dtypes:
-        for shape in ((), (7,), (3, 5), (2, 1, 4), (0, 3)):
+        for shape in ((), (7,), (3, 5), (2, 1, 4), (0, 3), (3, 5, 7)):
             a = (torch.randn(shape, generator=g) * 10).to(dtype)
             b = (torch.randn(shape, generator=g) * 10).to(dtype)
             if dtype.is_floating_point and a.numel():
@@ -177,7 +178,7 @@ def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
             check(a, b)
     # New shapes on the lean path add no meta-cache entry; a broadcast does.
     torch.neuron.synchronize()
-    for dtype, names in ((torch.float32, ("add", "sub", "mul", "div", "relu")), (torch.int64, ("add", "mul"))):
+    for dtype, names in ((torch.float32, ("add", "sub", "mul", "div", "relu", "sum")), (torch.int64, ("add", "mul"))):
         a, b = torch.ones(6, 11, dtype=dtype, device="neuron"), torch.ones(6, 11, dtype=dtype, device="neuron")
         entries = torchneuron._C._meta_cache_entries()
         for name in names:
@@ -187,13 +188,15 @@ def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
     entries = torchneuron._C._meta_cache_entries()
     a + b
     assert torchneuron._C._meta_cache_entries() > entries
-    # Broadcasting, type promotion, strided views and CPU scalars: the generic path.
+    # Broadcasting, type promotion, strided views (of device tensors) and CPU
+    # scalars: the generic path.
     x = torch.randn(4, 6, generator=g)
-    for a, b in ((x, x[:1]), (x, x.double()), (x.t(), x.t()), (x[:, ::2], x[:, 1::2]), (x, torch.tensor(3.0))):
-        for name in ("add", "sub", "mul", "div", "relu"):
-            want = ops[name](a, b)
-            bn = b if b.dim() == 0 else b.to("neuron")
-            got = ops[name](a.to("neuron"), bn)
+    xn = x.to("neuron")
+    for operands in (lambda t: (t, t[:1]), lambda t: (t, t.double()), lambda t: (t.t(), t.t()),
+                     lambda t: (t[:, ::2], t[:, 1::2]), lambda t: (t, torch.tensor(3.0))):
+        for name in ("add", "sub", "mul", "div", "relu", "sum"):
+            want = ops[name](*operands(x))
+            got = ops[name](*operands(xn))
             assert got.dtype == want.dtype and got.stride() == want.stride()
             assert torch.equal(got.cpu(), want), name
 

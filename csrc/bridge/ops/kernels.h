@@ -43,6 +43,7 @@ at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at:
 at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other);
 at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other);
 at::Tensor relu(const at::Tensor& self);
+at::Tensor sum(const at::Tensor& self, std::optional<at::ScalarType> dtype);
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim);
 
 // device_fallback.cpp: every other operator

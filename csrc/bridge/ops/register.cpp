@@ -27,6 +27,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mul.Tensor", mul_tensor);
   m.impl("div.Tensor", div_tensor);
   m.impl("relu", relu);
+  m.impl("sum", sum);
   m.impl("cat", cat);
 }
 

@@ -1,5 +1,5 @@
 // The lean host path: unboxed kernels for the commonest operators when their
-// operands are small (element-wise arithmetic, relu, cat).
+// operands are small (element-wise arithmetic, relu, sum, cat).
 //
 // Every other call reaches device_fallback.cpp boxed: the dispatcher copies
 // each argument onto an IValue stack, and the executor keys its cached meta
@@ -12,7 +12,8 @@
 // shape, and too small to fuse, nothing needs computing to know the result:
 // TensorIterator gives such operands a contiguous result of their dtype and
 // coalesces them into one dimension, so the task runs the CPU kernel on flat
-// aliases, the very loop the CPU backend runs. A cat of such tensors is a
+// aliases, the very loop the CPU backend runs; a sum of all elements reduces
+// them in the same order, into a 0-dim result. A cat of such tensors is a
 // copy of rows, which the task makes itself. Anything else (broadcasting,
 // type promotion, CPU scalars, strided views, fusable sizes, an error to
 // raise) takes the boxed path unchanged.
@@ -22,6 +23,7 @@
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
+#include <ATen/ops/sum_cpu_dispatch.h>
 #include <c10/core/WrapDimMinimal.h>
 
 #include <cstring>
@@ -39,13 +41,13 @@ namespace {
 // The CPU kernel a task runs, on flat aliases of its output and operands.
 using FlatKernel = void (*)(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
-// A CPU tensor over `numel` elements at `data`.
-at::Tensor flat_alias(const void* data, int64_t numel, c10::ScalarType dtype) {
+// A CPU tensor over `numel` elements at `data` (0-dim if `scalar`).
+at::Tensor flat_alias(const void* data, int64_t numel, c10::ScalarType dtype, bool scalar = false) {
   const auto meta = c10::scalarTypeToTypeMeta(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), numel * meta.itemsize(),
                        c10::DataPtr(const_cast<void*>(data), c10::Device(c10::kCPU)), nullptr, false);
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), meta);
-  t.unsafeGetTensorImpl()->set_sizes_contiguous({numel});
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(scalar ? c10::IntArrayRef() : c10::IntArrayRef(numel));
   return t;
 }
 
@@ -58,10 +60,11 @@ struct FlatTask {
   int64_t numel;
   c10::ScalarType dtype;
   bool binary;  // (b is null for an empty operand, so it cannot say)
+  bool reduces;  // out holds one element: a reduction of all of a
 
   void operator()() const {
     auto guard = below_autograd();
-    at::Tensor o = flat_alias(out, numel, dtype);
+    at::Tensor o = flat_alias(out, reduces ? 1 : numel, dtype, reduces);
     kernel(o, flat_alias(a, numel, dtype), binary ? flat_alias(b, numel, dtype) : at::Tensor());
   }
 };
@@ -111,12 +114,13 @@ at::Tensor empty_contiguous(c10::IntArrayRef sizes, c10::ScalarType dtype) {
                                    dtype, c10::MemoryFormat::Contiguous);
 }
 
-// `a` (and `b`) passed flat_operands.
-at::Tensor launch(const Op& op, FlatKernel kernel, const at::Tensor& a, const at::Tensor& b = {}) {
-  at::Tensor out = empty_contiguous(a.sizes(), a.scalar_type());
+// `a` (and `b`) passed flat_operands. The result has a's shape, or none if
+// the kernel `reduces` all of a.
+at::Tensor launch(const Op& op, FlatKernel kernel, const at::Tensor& a, const at::Tensor& b = {}, bool reduces = false) {
+  at::Tensor out = empty_contiguous(reduces ? c10::IntArrayRef() : a.sizes(), a.scalar_type());
   op.queue(a.device().index(), FlatTask{kernel, out.data_ptr(), a.const_data_ptr(),
                                         b.defined() ? b.const_data_ptr() : nullptr, a.numel(), a.scalar_type(),
-                                        b.defined()});
+                                        b.defined(), reduces});
   return out;
 }
 
@@ -223,6 +227,15 @@ at::Tensor relu(const at::Tensor& self) {
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::clamp_min_out(o, a, 0); },
                   self);
   return op.boxed(self);
+}
+
+// Floating dtypes only: the sum of integers and bools is an int64.
+at::Tensor sum(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
+  static const Op op("aten::sum", "");
+  if (flat_operands(self) && at::isFloatingType(self.scalar_type()) && (!dtype || *dtype == self.scalar_type()))
+    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::sum_out(o, a, {}); },
+                  self, {}, /*reduces=*/true);
+  return op.boxed(self, dtype);
 }
 
 } // namespace torchneuron::ops
