@@ -228,3 +228,41 @@ def test_small_cat_of_contiguous_tensors_takes_the_lean_path_and_matches_cpu():
         torch.cat([torch.ones(2, device="neuron"), torch.ones(2, 3, device="neuron")])
     with pytest.raises(RuntimeError, match="same device"):
         torch.cat([torch.ones(2, device="neuron"), torch.ones(2)])
+
+
+def test_small_matrix_products_take_the_lean_path_and_match_cpu():
+    # mm and addmm of small matrices stored row-major or transposed (a Linear
+    # layer's x @ w.t()) run the CPU kernel on aliases of the same layouts
+    # (csrc/bridge/ops/small_ops.cpp): bit for bit the CPU's gemm, with no
+    # meta pass. Other calls (scaled, broadcast bias, strided) agree too.
+    import torch.nn.functional as F
+    g = torch.Generator().manual_seed(0)
+    bits = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731
+    cases = {
+        "mm": lambda a, w, b, c: a @ w.t().contiguous(),
+        "mm_transposed": lambda a, w, b, c: a @ w.t(),
+        "mm_both_transposed": lambda a, w, b, c: a.t().contiguous().t() @ w.t(),
+        "linear": lambda a, w, b, c: F.linear(a, w, b),
+        "addmm_full_bias": lambda a, w, b, c: torch.addmm(c, a, w.t()),
+        "addmm_scaled": lambda a, w, b, c: torch.addmm(c, a, w.t(), beta=0.5, alpha=2),
+        "addmm_column_bias": lambda a, w, b, c: torch.addmm(c[:, :1], a, w.t()),
+        "mm_strided": lambda a, w, b, c: a[:, ::2] @ w[:, ::2].t(),
+    }
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for m, k, n in ((16, 16, 16), (1, 7, 3), (5, 1, 9), (0, 4, 3), (3, 0, 2), (33, 18, 65)):
+            cpu = [torch.randn(shape, generator=g).to(dtype) for shape in ((m, k), (n, k), (n,), (m, n))]
+            dev = [t.to("neuron") for t in cpu]
+            for name, f in cases.items():
+                want, got = f(*cpu), f(*dev)
+                assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride(), name
+                assert torch.equal(bits(got.cpu()), bits(want)), (name, dtype, (m, k, n))
+    # New shapes add no meta-cache entry; errors are the CPU's.
+    torch.neuron.synchronize()
+    x, w, b = (torch.randn(s, device="neuron") for s in ((7, 9), (5, 9), (5,)))
+    entries = torchneuron._C._meta_cache_entries()
+    F.linear(x, w, b), x @ w.t()
+    assert torchneuron._C._meta_cache_entries() == entries
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        x @ w
+    with pytest.raises(RuntimeError, match="same device"):
+        x @ torch.randn(9, 2)

@@ -29,6 +29,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("relu", relu);
   m.impl("sum", sum);
   m.impl("cat", cat);
+  m.impl("mm", mm);
+  m.impl("addmm", addmm);
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {

@@ -1,5 +1,5 @@
 // The lean host path: unboxed kernels for the commonest operators when their
-// operands are small (element-wise arithmetic, relu, sum, cat).
+// operands are small (element-wise arithmetic, relu, sum, cat, mm, addmm).
 //
 // Every other call reaches device_fallback.cpp boxed: the dispatcher copies
 // each argument onto an IValue stack, and the executor keys its cached meta
@@ -14,13 +14,17 @@
 // coalesces them into one dimension, so the task runs the CPU kernel on flat
 // aliases, the very loop the CPU backend runs; a sum of all elements reduces
 // them in the same order, into a 0-dim result. A cat of such tensors is a
-// copy of rows, which the task makes itself. Anything else (broadcasting,
+// copy of rows, which the task makes itself. A matrix product of contiguous
+// or transposed matrices (a Linear layer's `x @ w.t()`) runs the CPU kernel on
+// aliases of the same layouts: the same gemm call. Anything else (broadcasting,
 // type promotion, CPU scalars, strided views, fusable sizes, an error to
 // raise) takes the boxed path unchanged.
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
 #include <ATen/ops/sum_cpu_dispatch.h>
@@ -41,13 +45,15 @@ namespace {
 // The CPU kernel a task runs, on flat aliases of its output and operands.
 using FlatKernel = void (*)(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
-// A CPU tensor over `numel` elements at `data` (0-dim if `scalar`).
-at::Tensor flat_alias(const void* data, int64_t numel, c10::ScalarType dtype, bool scalar = false) {
+// A CPU tensor of `sizes` at `data`: contiguous, or with the strides of a
+// transposed matrix.
+at::Tensor alias(const void* data, c10::IntArrayRef sizes, c10::ScalarType dtype, bool transposed = false) {
   const auto meta = c10::scalarTypeToTypeMeta(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), numel * meta.itemsize(),
+  c10::Storage storage(c10::Storage::use_byte_size_t(), c10::multiply_integers(sizes) * meta.itemsize(),
                        c10::DataPtr(const_cast<void*>(data), c10::Device(c10::kCPU)), nullptr, false);
   auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), meta);
-  t.unsafeGetTensorImpl()->set_sizes_contiguous(scalar ? c10::IntArrayRef() : c10::IntArrayRef(numel));
+  if (transposed) t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, {1, sizes[0]});
+  else t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   return t;
 }
 
@@ -64,8 +70,8 @@ struct FlatTask {
 
   void operator()() const {
     auto guard = below_autograd();
-    at::Tensor o = flat_alias(out, reduces ? 1 : numel, dtype, reduces);
-    kernel(o, flat_alias(a, numel, dtype), binary ? flat_alias(b, numel, dtype) : at::Tensor());
+    at::Tensor o = alias(out, reduces ? c10::IntArrayRef() : c10::IntArrayRef(numel), dtype);
+    kernel(o, alias(a, numel, dtype), binary ? alias(b, numel, dtype) : at::Tensor());
   }
 };
 
@@ -145,7 +151,78 @@ struct CatTask {
   }
 };
 
+// A (bias +) matrix product: the CPU kernel on aliases with the operands'
+// own layouts, so the gemm call is the CPU backend's.
+struct MatmulTask {
+  void* out;
+  const void* a;
+  const void* b;
+  const void* bias;  // null: mm
+  int64_t m, k, n;
+  c10::ScalarType dtype;
+  bool a_transposed, b_transposed, bias_is_row;
+
+  void operator()() const {
+    auto guard = below_autograd();
+    at::Tensor o = alias(out, {m, n}, dtype);
+    const at::Tensor x = alias(a, {m, k}, dtype, a_transposed), y = alias(b, {k, n}, dtype, b_transposed);
+    if (!bias) at::cpu::mm_out(o, x, y);
+    else at::cpu::addmm_out(o, bias_is_row ? alias(bias, {n}, dtype) : alias(bias, {m, n}, dtype), x, y);
+  }
+};
+
+// A 2-D operand with the strides of a row-major matrix or of the transpose
+// of one: exactly those an alias gets (even where a size of 1 leaves them
+// free), since the CPU kernel picks its gemm call by strides.
+bool matrix(const at::Tensor& t, bool& transposed) {
+  if (!t.defined() || t.device().type() != kNeuron || t.dim() != 2 || t.is_conj() || t.is_neg()) return false;
+  transposed = !(t.stride(0) == t.size(1) && t.stride(1) == 1);
+  return !transposed || (t.stride(0) == 1 && t.stride(1) == t.size(0));
+}
+
+// The task for `a @ b` when both are small matrices of one floating dtype on
+// the current device (out and bias still to fill in).
+std::optional<MatmulTask> small_matmul(const at::Tensor& a, const at::Tensor& b) {
+  MatmulTask t{};
+  if (!matrix(a, t.a_transposed) || !matrix(b, t.b_transposed) || a.device() != b.device() ||
+      a.device().index() != current_device() || a.scalar_type() != b.scalar_type() ||
+      !at::isFloatingType(a.scalar_type()) || a.size(1) != b.size(0))
+    return std::nullopt;
+  t.m = a.size(0), t.k = a.size(1), t.n = b.size(1);
+  const int64_t limit = min_fusable_numel();
+  if (a.numel() >= limit || b.numel() >= limit || t.m * t.n >= limit) return std::nullopt;
+  t.a = a.const_data_ptr(), t.b = b.const_data_ptr(), t.dtype = a.scalar_type();
+  return t;
+}
+
+at::Tensor launch(const Op& op, MatmulTask task, c10::DeviceIndex device) {
+  at::Tensor out = empty_contiguous({task.m, task.n}, task.dtype);
+  task.out = out.data_ptr();
+  op.queue(device, task);
+  return out;
+}
+
 } // namespace
+
+at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+  static const Op op("aten::mm", "");
+  if (auto task = small_matmul(self, mat2)) return launch(op, *task, self.device().index());
+  return op.boxed(self, mat2);
+}
+
+// With beta = alpha = 1 and a bias of one row or of the result's shape.
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
+                 const at::Scalar& alpha) {
+  static const Op op("aten::addmm", "");
+  auto task = is_one(beta) && is_one(alpha) && plain(self) ? small_matmul(mat1, mat2) : std::nullopt;
+  if (task && self.device() == mat1.device() && self.scalar_type() == task->dtype &&
+      (self.sizes() == c10::IntArrayRef{task->n} || self.sizes() == c10::IntArrayRef{task->m, task->n})) {
+    task->bias = self.const_data_ptr();
+    task->bias_is_row = self.dim() == 1;
+    return launch(op, *task, self.device().index());
+  }
+  return op.boxed(self, mat1, mat2, beta, alpha);
+}
 
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   static const Op op("aten::cat", "");
