@@ -36,8 +36,9 @@ at::Scalar local_scalar_dense(const at::Tensor& self);
 // random.cpp: random operators whose CPU kernels would use the CPU generator
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train);
 
-// small_ops.cpp: the lean path for small contiguous operands of one dtype;
-// the rest of their calls go to device_fallback
+// small_ops.cpp: the lean path for small operands of one dtype in plain
+// layouts (contiguous; matrices also transposed); the rest of their calls go
+// to device_fallback
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
 at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
 at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other);
