@@ -23,7 +23,9 @@ enum SlotState : uint32_t {
 
 struct alignas(64) Stream::Slot {
   std::atomic<uint32_t> state{kFree};
-  // Host time until which an idle executor holds a lingering task back (0: no lingering).
+  // Host time until which an idle executor holds a lingering task back (0:
+  // no lingering): its launch or last amendment plus Task::linger_ns. Kept
+  // here, atomic, because the executor reads it while a host may amend.
   std::atomic<int64_t> linger_until{0};
   Task task;
 };
@@ -55,7 +57,7 @@ uint64_t Stream::enqueue(TaskName name, TaskBody run) {
 }
 
 uint64_t Stream::enqueue(Task task) {
-  task.enqueued_ns = task.amended_ns = now_ns();
+  task.enqueued_ns = now_ns();
   const int64_t linger_until = task.linger_ns > 0 ? task.enqueued_ns + task.linger_ns : 0;
   uint64_t seq;
   {
@@ -205,9 +207,8 @@ bool Stream::amend_pending_tail(const std::function<bool(Task&)>& amend) {
     ~Release() { slot->state.store(kReady, std::memory_order_release); }
   } release{slot};
   if (!amend(slot->task)) return false;
-  Task& task = slot->task;
-  task.amended_ns = now_ns();
-  if (task.linger_ns > 0) slot->linger_until.store(task.amended_ns + task.linger_ns, std::memory_order_relaxed);
+  if (const int64_t linger = slot->task.linger_ns; linger > 0)
+    slot->linger_until.store(now_ns() + linger, std::memory_order_relaxed);
   return true;
 }
 

@@ -143,7 +143,6 @@ struct Task {
   // gets the next operator of a host still issuing them, instead of starting
   // alone and writing its result to memory for the next task to read back.
   int64_t linger_ns = 0;
-  int64_t amended_ns = 0;    // host time of the launch or of the last amendment
 };
 
 // Called on the executor thread after every task (profiler feed). Must be cheap.
