@@ -230,6 +230,43 @@ def test_small_cat_of_contiguous_tensors_takes_the_lean_path_and_matches_cpu():
         torch.cat([torch.ones(2, device="neuron"), torch.ones(2)])
 
 
+def test_small_index_by_an_int64_tensor_takes_the_lean_path_and_matches_cpu():
+    # x[i] for a small contiguous x and one contiguous int64 index on the
+    # device is a copy of rows made by the task (csrc/bridge/ops/small_ops.cpp):
+    # no meta pass. Results are the CPU's, bit for bit; an index out of bounds
+    # raises the CPU's message at the next synchronising call, without the
+    # executor's C++ backtrace. Masks, several indices, CPU or int32 indices
+    # and strided tensors take the generic path and agree too.
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.float64):
+        for shape, index_shape in (((8,), (4,)), ((8, 3), (2, 2)), ((5, 2, 3), (7,)), ((6, 0), (2,)),
+                                   ((0, 3), (0,)), ((3, 4), (0, 2)), ((1,), (5,))):
+            x = (torch.randn(shape, generator=g) * 10).to(dtype)
+            i = torch.randint(-shape[0], max(shape[0], 1), index_shape, generator=g)
+            xn, i_n = x.to("neuron"), i.to("neuron")
+            cases = [(x[i], xn[i_n])]
+            if x.dim() >= 2 and x.shape[1] > 0:
+                j, j_n = i % x.shape[1], i_n % x.shape[1]
+                cases += [(x.transpose(0, 1)[j], xn.transpose(0, 1)[j_n]), (x[i, j], xn[i_n, j_n])]
+            cases += [(x[x.bool()], xn[xn.bool()]), (x[i.int()], xn[i_n.int()]), (x[i], xn[i])]
+            for want, got in cases:
+                assert got.dtype == want.dtype and got.shape == want.shape and got.stride() == want.stride()
+                assert torch.equal(got.cpu(), want), (dtype, shape, index_shape)
+    torch.neuron.synchronize()
+    x, i = torch.randn(9, 4, device="neuron"), torch.tensor([[2, -1], [0, 8]], device="neuron")
+    entries = torchneuron._C._meta_cache_entries()
+    assert torch.equal(x[i].cpu(), x.cpu()[i.cpu()])
+    assert torchneuron._C._meta_cache_entries() == entries
+    bad = x[torch.tensor([1, 9, -10], device="neuron")]  # queued; the device finds the index
+    with pytest.raises(RuntimeError, match=r"aten::index.*index 9 is out of bounds for dimension 0 with size 9$"):
+        torch.neuron.synchronize()
+    del bad
+    # A result with no elements checks no index, as on the CPU.
+    empty = torch.ones(9, 0, device="neuron")[torch.tensor([12], device="neuron")]
+    assert empty.shape == (1, 0)
+    torch.neuron.synchronize()
+
+
 def test_small_matrix_products_take_the_lean_path_and_match_cpu():
     # mm and addmm of small matrices stored row-major or transposed (a Linear
     # layer's x @ w.t()) run the CPU kernel on aliases of the same layouts

@@ -1,6 +1,7 @@
 #include "device_state.h"
 
 #include <array>
+#include <string>
 
 #include <c10/util/Exception.h>
 
@@ -17,7 +18,12 @@ void rethrow_runtime_error(const std::exception& e) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, oom->what());
   if (dynamic_cast<const rt::UsageError*>(&e) && std::string(e.what()).find("invalid neuron device index") != std::string::npos)
     TORCH_CHECK_INDEX(false, e.what());
-  TORCH_CHECK(false, e.what());
+  std::string what = e.what();
+  // A c10 error thrown by a task carries the C++ backtrace of the executor
+  // thread, which says nothing about the user's code; as for errors raised
+  // on the host, Python shows the message without it.
+  if (dynamic_cast<const rt::AsyncError*>(&e)) what = what.substr(0, what.find("\nException raised from "));
+  TORCH_CHECK(false, what);
 }
 
 void ensure_initialized() {

@@ -46,6 +46,7 @@ at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other);
 at::Tensor relu(const at::Tensor& self);
 at::Tensor sum(const at::Tensor& self, std::optional<at::ScalarType> dtype);
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim);
+at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices);
 at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2);
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
                  const at::Scalar& alpha);

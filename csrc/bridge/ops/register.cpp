@@ -29,6 +29,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("relu", relu);
   m.impl("sum", sum);
   m.impl("cat", cat);
+  m.impl("index.Tensor", index_tensor);
   m.impl("mm", mm);
   m.impl("addmm", addmm);
 }

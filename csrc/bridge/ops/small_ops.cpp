@@ -1,5 +1,6 @@
 // The lean host path: unboxed kernels for the commonest operators when their
-// operands are small (element-wise arithmetic, relu, sum, cat, mm, addmm).
+// operands are small (element-wise arithmetic, relu, sum, cat, index, mm,
+// addmm).
 //
 // Every other call reaches device_fallback.cpp boxed: the dispatcher copies
 // each argument onto an IValue stack, and the executor keys its cached meta
@@ -13,8 +14,9 @@
 // TensorIterator gives such operands a contiguous result of their dtype and
 // coalesces them into one dimension, so the task runs the CPU kernel on flat
 // aliases, the very loop the CPU backend runs; a sum of all elements reduces
-// them in the same order, into a 0-dim result. A cat of such tensors is a
-// copy of rows, which the task makes itself. A matrix product of contiguous
+// them in the same order, into a 0-dim result. A cat of such tensors, or a
+// selection of rows by an int64 index, is a copy of rows, which the task
+// makes itself. A matrix product of contiguous
 // or transposed matrices (a Linear layer's `x @ w.t()`) runs the CPU kernel on
 // aliases of the same layouts: the same gemm call. Anything else (broadcasting,
 // type promotion, CPU scalars, strided views, fusable sizes, an error to
@@ -202,7 +204,50 @@ at::Tensor launch(const Op& op, MatmulTask task, c10::DeviceIndex device) {
   return out;
 }
 
+// `self[index]` for an int64 index: rows of `self` along its first dimension,
+// copied in the order of the index. Each index is checked as ATen's CPU
+// kernel checks it, with its message; the error reaches the host at the next
+// synchronising call (the index lives on the device).
+struct GatherRowsTask {
+  void* out;
+  const void* self;
+  const int64_t* index;
+  int64_t count, rows, row_bytes;
+
+  void operator()() const {
+    if (row_bytes == 0) return;  // an empty result: ATen's loop checks nothing either
+    auto* o = static_cast<char*>(out);
+    for (int64_t i = 0; i < count; ++i, o += row_bytes) {
+      int64_t r = index[i];
+      TORCH_CHECK_INDEX(r >= -rows && r < rows, "index ", r, " is out of bounds for dimension 0 with size ", rows);
+      std::memcpy(o, static_cast<const char*>(self) + (r < 0 ? r + rows : r) * row_bytes, row_bytes);
+    }
+  }
+};
+
 } // namespace
+
+// One contiguous int64 index on the first dimension of a small tensor; masks,
+// several indices and CPU indices take the boxed path.
+at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
+  static const Op op("aten::index", "Tensor");
+  if (indices.size() == 1 && self.dim() >= 1 && flat_operands(self)) {
+    const std::optional<at::Tensor> index = indices.get(0);
+    if (index && plain(*index) && index->device() == self.device() && index->scalar_type() == at::kLong &&
+        index->numel() < min_fusable_numel()) {
+      std::vector<int64_t> sizes = index->sizes().vec();
+      sizes.insert(sizes.end(), self.sizes().begin() + 1, self.sizes().end());
+      at::Tensor out = empty_contiguous(sizes, self.scalar_type());
+      const int64_t rows = self.size(0);
+      const int64_t row_bytes = rows == 0 ? 0 : self.numel() / rows * static_cast<int64_t>(self.itemsize());
+      op.queue(self.device().index(), GatherRowsTask{out.data_ptr(), self.const_data_ptr(),
+                                                     index->const_data_ptr<int64_t>(), index->numel(), rows,
+                                                     out.numel() == 0 ? 0 : row_bytes});
+      return out;
+    }
+  }
+  return op.boxed(self, indices);
+}
 
 at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
   static const Op op("aten::mm", "");
