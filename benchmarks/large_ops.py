@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .common import Config, compare
+from .common import CPU, NEURON, Config, compare, median, timed
 
 F32 = 4
 
@@ -76,8 +76,10 @@ def _cases(cfg: Config) -> dict:
 
     cases = {f"add_{n // 2**20}M" if n >= 2**20 else f"add_{n}": (add, {"bytes": 3 * F32 * n})}
     for k in (4, 8):  # bytes: what a fully fused pass must move (two inputs, one output)
-        cases[f"elementwise_chain{k}"] = (chain(k), {"bytes": 3 * F32 * n})
-        cases[f"elementwise_chain{k}_arithmetic"] = (chain(k, arithmetic=True), {"bytes": 3 * F32 * n})
+        library = [torch.sigmoid, torch.tanh][:(k - 2) // 2]  # the members that call a math library
+        cases[f"elementwise_chain{k}"] = (chain(k), {"bytes": 3 * F32 * n, "elements": n, "library": library})
+        cases[f"elementwise_chain{k}_arithmetic"] = (chain(k, arithmetic=True),
+                                                     {"bytes": 3 * F32 * n, "elements": n, "library": []})
     for k in mm_sizes:
         cases[f"matmul_{k}"] = (mm(k), {"flops": 2 * k**3})
     cases["conv2d_resnet_layer2"] = (conv, {"flops": 2 * conv_b * 128 * conv_hw**2 * 128 * 9})
@@ -90,12 +92,57 @@ def _cases(cfg: Config) -> dict:
 STEPS = 11  # cases in _cases
 
 
+def _library_floor_s(fns, elements: int) -> float:
+    """Seconds that ATen's own CPU kernels of `fns` (sigmoid, tanh) would take
+    for `elements` elements on data in cache, split perfectly over the intra-op
+    threads (timed on one): a floor for any pass that must compute them bit
+    for bit as ATen does, memory aside."""
+    x = torch.randn(128 * 1024, generator=torch.Generator().manual_seed(3))  # 512 KiB: in one core's L2
+    out = torch.empty_like(x)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        total = 0.0
+        for fn in fns:
+            for _ in range(5):
+                fn(x, out=out)
+            total += min(timed(lambda: fn(x, out=out), CPU) for _ in range(21)) / x.numel() * elements
+    finally:
+        torch.set_num_threads(threads)
+    return total / threads
+
+
+def _chain_against_triad(make, elements: int, library, repeats: int) -> dict:
+    """The fused chain's time against a triad over the same elements (the same
+    ideal bytes), measured beside it repeat by repeat: the machine's bandwidth
+    drifts by up to 2x within minutes, so limits.py's figure from the start of
+    the run is no fair measure of a chain timed minutes later."""
+    chain = make(NEURON)
+    a, b, c = (torch.randn(elements) for _ in range(3))
+    triad = lambda: torch.add(b, c, alpha=3.0, out=a)  # noqa: E731 (as limits.py's)
+    fractions, floors = [], []
+    for _ in range(repeats):
+        t_chain = timed(chain, NEURON)
+        t_triad = min(timed(triad, CPU) for _ in range(3))  # a best, as limits.py's
+        fractions.append(t_triad / t_chain)
+        if library:
+            floors.append(t_triad / _library_floor_s(library, elements))
+    r = {"fraction_of_triad_alongside": median(fractions)}
+    if library:
+        r["library"] = [f.__name__ for f in library]
+        r["library_floor_fraction_of_triad"] = median(floors)  # the most that floor allows
+    return r
+
+
 def run(cfg: Config, bar, limits: dict) -> dict:
     bw = limits["triad"]["gbytes_per_s"] * 1e9
     peak = limits["matmul"]["gflops"] * 1e9
     out = {}
     for name, (make, work) in _cases(cfg).items():
         r = compare(make, cfg, warmup=2)
+        if "library" in work:
+            work = dict(work)
+            r.update(_chain_against_triad(make, work.pop("elements"), work.pop("library"), cfg.repeats))
         r.update(work)
         for dev in ("neuron", "cpu"):
             if "bytes" in work:

@@ -27,8 +27,9 @@ def targets(res: dict) -> list[dict]:
         if op.startswith("elementwise_chain"):  # adaptive eager's own targets
             add("fusion", op, "fused neuron speed / CPU speed", r["speed_vs_cpu"], f">= {CHAIN_MIN}",
                 r["speed_vs_cpu"] >= CHAIN_MIN)
-            add("fusion", op, "fraction of triad bandwidth (ideal bytes)", r["neuron_fraction_of_bandwidth"],
-                f">= {CHAIN_BW_MIN}", r["neuron_fraction_of_bandwidth"] >= CHAIN_BW_MIN)
+            frac = r.get("fraction_of_triad_alongside", r["neuron_fraction_of_bandwidth"])
+            add("fusion", op, "fraction of triad bandwidth (ideal bytes; triad timed alongside)", frac,
+                f">= {CHAIN_BW_MIN}", frac >= CHAIN_BW_MIN)
     for w in ("gpt_train_step", "resnet18_train_step"):
         if w in res.get("end_to_end", {}):
             r = res["end_to_end"][w]
@@ -186,6 +187,17 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                 frac = f"{r['cpu_fraction_of_peak']:.0%} / {r['neuron_fraction_of_peak']:.0%} of peak"
             rows.append((n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}", frac))
         s.append(_table(["op", "CPU", "neuron", "neuron speed / CPU", "CPU / neuron fraction of limit"], rows))
+        chains = {n: r for n, r in res["large_ops"].items() if "fraction_of_triad_alongside" in r}
+        if chains:
+            s.append("\nFused chains against a triad over the same elements timed beside them, repeat by "
+                     "repeat (the target's figure). *Ceiling*: the fraction the chain could reach if it "
+                     "took no longer than ATen's own kernels of its library members (sigmoid, tanh) "
+                     "alone, on data in cache, split perfectly over both cores: fusion must compute them bit "
+                     "for bit as those kernels do.\n")
+            rows = [(n, f"{r['fraction_of_triad_alongside']:.2f}", ", ".join(r.get("library", [])) or "none",
+                     f"{r['library_floor_fraction_of_triad']:.2f}" if "library" in r else "-")
+                    for n, r in chains.items()]
+            s.append(_table(["chain", "fraction of triad", "library members", "ceiling"], rows))
         if "large_ops.png" in plot_files:
             s.append("\n![large ops](large_ops.png)\n")
 
