@@ -19,6 +19,7 @@
 #include <string>
 
 #include "exact_arithmetic.h"
+#include "sleef_exp.h"
 
 namespace torchneuron {
 namespace {
@@ -35,12 +36,6 @@ constexpr int64_t kPrefetchBytes = 4096;
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl")
 #define TORCHNEURON_AVX512 __attribute__((always_inline)) inline
-// SLEEF's exp, as vector_math.cpp declares it (sigmoid is only chained where
-// vector_math found it).
-extern "C" {
-__m512 Sleef_expf16_u10(__m512) __attribute__((weak));
-__m512d Sleef_expd8_u10(__m512d) __attribute__((weak));
-}
 
 // The AVX-512 operations of one element type.
 template <typename T>
@@ -64,7 +59,8 @@ struct Avx512<float> {
   static TORCHNEURON_AVX512 Mask less(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
   static TORCHNEURON_AVX512 Mask nan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
   static TORCHNEURON_AVX512 V pick(Mask m, V if_clear, V if_set) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
-  static TORCHNEURON_AVX512 V exp(V a) { return Sleef_expf16_u10(a); }
+  static TORCHNEURON_AVX512 V exp(V a) { return exp_like_sleef(a); }  // sigmoid is only chained where
+                                                                      // vector_math found it
 };
 
 template <>

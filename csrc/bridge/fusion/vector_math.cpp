@@ -13,15 +13,8 @@
 #include <mutex>
 #include <type_traits>
 
-// SLEEF's exp, linked into libtorch_cpu. Weak: a build without it leaves
-// sigmoid to ATen instead of failing to load.
-#pragma GCC push_options
-#pragma GCC target("avx512f")
-extern "C" {
-__m512 Sleef_expf16_u10(__m512) __attribute__((weak));
-__m512d Sleef_expd8_u10(__m512d) __attribute__((weak));
-}
-#pragma GCC pop_options
+#include "sleef_exp.h"
+
 
 namespace torchneuron::vector_math {
 
@@ -48,7 +41,7 @@ T sigmoid_scalar(T x) {
   return T(1) / (T(1) + std::exp(-x));
 }
 
-__attribute__((target("avx512f"))) __m512 sleef_exp(__m512 v) { return Sleef_expf16_u10(v); }
+__attribute__((target("avx512f"))) __m512 sleef_exp(__m512 v) { return exp_like_sleef(v); }
 __attribute__((target("avx512f"))) __m512d sleef_exp(__m512d v) { return Sleef_expd8_u10(v); }
 
 // ATen's vectorized loop: pairs of vectors of 1 / (exp(-x) + 1) (a negation
@@ -107,6 +100,19 @@ bool check(const Unary& fn, c10::ScalarType dtype) {
   return true;
 }
 
+// exp_like_sleef against the library, bit for bit, on every 4093rd float
+// (every exponent, sign and NaN class; a 2^32 sweep took 9 s when written).
+__attribute__((target("avx512f"))) bool inline_exp_matches_library() {
+  for (uint64_t base = 0; base < (uint64_t(1) << 32); base += 16 * 4093) {
+    alignas(64) uint32_t bits[16];
+    for (uint32_t i = 0; i < 16; ++i) bits[i] = uint32_t(base + i * 4093);
+    const __m512 x = _mm512_load_ps(reinterpret_cast<const float*>(bits));
+    if (_mm512_cmpneq_epi32_mask(_mm512_castps_si512(exp_like_sleef(x)), _mm512_castps_si512(Sleef_expf16_u10(x))))
+      return false;
+  }
+  return true;
+}
+
 // What ATen hands to VML (its vml.h), as far as MKL has the function.
 Unary* table_checked_once(size_t* size) {
   static Unary table[] = {
@@ -129,7 +135,8 @@ Unary* table_checked_once(size_t* size) {
         fn.vml_double = reinterpret_cast<VmlDouble>(dlsym(lib, fn.vml[1]));
       }
       const bool sigmoid = !fn.vml[0];
-      fn.matches[0] = (sigmoid ? avx512 && Sleef_expf16_u10 : fn.vml_float != nullptr) && check(fn, at::kFloat);
+      fn.matches[0] = (sigmoid ? avx512 && Sleef_expf16_u10 && inline_exp_matches_library() : fn.vml_float != nullptr) &&
+                      check(fn, at::kFloat);
       fn.matches[1] = (sigmoid ? avx512 && Sleef_expd8_u10 : fn.vml_double != nullptr) && check(fn, at::kDouble);
     }
   });
