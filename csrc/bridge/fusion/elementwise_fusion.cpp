@@ -332,6 +332,10 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
     size_t end = 0;
     std::vector<std::pair<const Lane*, size_t>> inputs;  // and their item sizes
     std::vector<Segment> segments;
+    // Members that run one by one share the prefetch of a later slice, each
+    // its part (chains prefetch for themselves): by member - first, or -1.
+    std::vector<int> prefetch_part;
+    int prefetch_parts = 0;
   };
   std::vector<Run> runs(members.size());
   for (size_t first = 0; first < members.size() && !whole; ++first) {
@@ -344,11 +348,9 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
         if (l->base && !l->scratch && l->step == 1 &&
             std::none_of(run.inputs.begin(), run.inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
           run.inputs.emplace_back(l, c10::elementSize(members[k].exact->dtype));
-    if (!chain_chunk(members[first].exact->dtype)) {  // no chains on this machine
-      run.segments.push_back({first, run.end, {}});
-      continue;
-    }
-    for (size_t k = first; k < run.end;) {
+    const bool chains = chain_chunk(members[first].exact->dtype) > 0;  // none on this machine: one segment
+    if (!chains) run.segments.push_back({first, run.end, {}});
+    for (size_t k = first; chains && k < run.end;) {
       size_t stop = k + 1;
       std::vector<ChainStep> chain = chain_of(k, stop, run.end);
       for (; stop < run.end; ++stop) {  // grow the chain while it stays one
@@ -360,6 +362,9 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       k = stop;
       run.segments.push_back(std::move(g));
     }
+    run.prefetch_part.assign(run.end - first, -1);
+    for (const Segment& g : run.segments)
+      for (size_t k = g.first; g.chain.empty() && k < g.end; ++k) run.prefetch_part[k - first] = run.prefetch_parts++;
   }
   struct StreamFence {  // streamed stores land before the task can complete, even on an error
     ~StreamFence() { end_streaming(); }
@@ -381,8 +386,9 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               const size_t size = c10::elementSize(members[m].exact->dtype);
               // This member's share of the prefetch of a later slice.
               const int64_t ahead = s + kPrefetchSlices * kSlice;
-              for (auto [input, itemsize] : run.inputs)
-                prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, m - first, end_run - first);
+              if (const int part = run.prefetch_part[m - first]; part >= 0)
+                for (auto [input, itemsize] : run.inputs)
+                  prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, part, run.prefetch_parts);
               char* out = const_cast<char*>(l.out.at(lo, s, size));
               const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
               // Slices start where ATen's vector loop would, so a declined
