@@ -20,6 +20,7 @@
 #include "../ops/aliases.h"
 #include "../ops/result_placement.h"
 #include "exact_arithmetic.h"
+#include "vector_math.h"
 
 namespace torchneuron {
 namespace {
@@ -461,6 +462,7 @@ void FusedGroup::run() {
   const int64_t piece = row == 0 ? kPiece : std::max<int64_t>(1, kPiece / row) * row;
   if (tasks == 1) return run_range(0, numel, piece);
   at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
+    vector_math::MklOnThisThread sequential;  // library members, called inside this parallel region
     for (int64_t t = b; t < e; ++t) run_range(t * chunk, std::min(numel, (t + 1) * chunk), piece);
   });
 }

@@ -113,6 +113,25 @@ __attribute__((target("avx512f"))) bool inline_exp_matches_library() {
   return true;
 }
 
+// MKL is linked into libtorch_cpu, whose symbols may not be global.
+void* mkl_library() {
+  static void* const lib = [] {
+    Dl_info info{};
+    if (AT_MKL_ENABLED() && dladdr(reinterpret_cast<void*>(&at::get_cpu_capability), &info))
+      return dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    return static_cast<void*>(nullptr);
+  }();
+  return lib;
+}
+
+// MKL's C interface (by value); returns the thread's previous setting.
+using SetLocalThreads = int (*)(int);
+SetLocalThreads set_local_threads() {
+  static const auto fn =
+      mkl_library() ? reinterpret_cast<SetLocalThreads>(dlsym(mkl_library(), "MKL_Set_Num_Threads_Local")) : nullptr;
+  return fn;
+}
+
 // What ATen hands to VML (its vml.h), as far as MKL has the function.
 Unary* table_checked_once(size_t* size) {
   static Unary table[] = {
@@ -123,11 +142,7 @@ Unary* table_checked_once(size_t* size) {
       {"atan", {"vmsAtan", "vmdAtan"}}, {"erf", {"vmsErf", "vmdErf"}},     {"erfc", {"vmsErfc", "vmdErfc"}}};
   static std::once_flag once;
   std::call_once(once, [] {
-    // MKL is linked into libtorch_cpu, whose symbols may not be global.
-    Dl_info info{};
-    void* lib = nullptr;
-    if (AT_MKL_ENABLED() && dladdr(reinterpret_cast<void*>(&at::get_cpu_capability), &info))
-      lib = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    void* lib = mkl_library();
     const bool avx512 = at::get_cpu_capability() == "AVX512";
     for (Unary& fn : table) {
       if (fn.vml[0] && lib) {
@@ -156,6 +171,14 @@ const Unary* like_aten(const std::string& op, c10::ScalarType dtype) {
 }
 
 bool is_sigmoid(const Unary& fn) { return !fn.vml[0]; }
+
+MklOnThisThread::MklOnThisThread() {
+  if (SetLocalThreads set = set_local_threads()) previous_ = set(1);
+}
+
+MklOnThisThread::~MklOnThisThread() {
+  if (previous_ >= 0) set_local_threads()(previous_);
+}
 
 void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64_t n) {
   if (dtype == at::kFloat) {

@@ -33,4 +33,23 @@ bool is_sigmoid(const Unary& fn);
 // (a thread's range) or a multiple of its vector step (fusion's slices are).
 void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64_t n);
 
+// While alive, MKL runs the calling thread's calls on that thread alone.
+// Fusion calls VML once per slice (1024 elements) from inside its own
+// parallel region. Once torch.set_num_threads has run, which turns MKL's
+// dynamic adjustment off for the whole process, each such call cost about
+// 1 us more (MKL weighing threads for it): the benchmarks' 16M-element chain
+// with tanh took 29-31 ms instead of 20-22. ATen's own calls, one per thread
+// range, barely notice. Results do not change: VML computes each element on
+// its own.
+class MklOnThisThread {
+ public:
+  MklOnThisThread();
+  ~MklOnThisThread();
+  MklOnThisThread(const MklOnThisThread&) = delete;
+  MklOnThisThread& operator=(const MklOnThisThread&) = delete;
+
+ private:
+  int previous_ = -1;  // the thread's own setting before (0: none), or -1: no MKL
+};
+
 } // namespace torchneuron::vector_math
