@@ -261,10 +261,14 @@ def test_small_index_by_an_int64_tensor_takes_the_lean_path_and_matches_cpu():
     with pytest.raises(RuntimeError, match=r"aten::index.*index 9 is out of bounds for dimension 0 with size 9$"):
         torch.neuron.synchronize()
     del bad
-    # A result with no elements checks no index, as on the CPU.
+    # A result with no elements checks no index, as on the CPU; a tensor with
+    # no rows has no index in bounds.
     empty = torch.ones(9, 0, device="neuron")[torch.tensor([12], device="neuron")]
     assert empty.shape == (1, 0)
     torch.neuron.synchronize()
+    bad = torch.ones(0, 3, device="neuron")[torch.tensor([0], device="neuron")]
+    with pytest.raises(RuntimeError, match=r"index 0 is out of bounds for dimension 0 with size 0$"):
+        torch.neuron.synchronize()
 
 
 def test_small_matrix_products_take_the_lean_path_and_match_cpu():

@@ -15,7 +15,6 @@
 
 #include "sleef_exp.h"
 
-
 namespace torchneuron::vector_math {
 
 // MKL_INT is 32 or 64 bits by the interface; a 64-bit count serves both.

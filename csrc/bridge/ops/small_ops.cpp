@@ -16,9 +16,9 @@
 // aliases, the very loop the CPU backend runs; a sum of all elements reduces
 // them in the same order, into a 0-dim result. A cat of such tensors, or a
 // selection of rows by an int64 index, is a copy of rows, which the task
-// makes itself. A matrix product of contiguous
-// or transposed matrices (a Linear layer's `x @ w.t()`) runs the CPU kernel on
-// aliases of the same layouts: the same gemm call. Anything else (broadcasting,
+// makes itself. A matrix product of contiguous or transposed matrices (a
+// Linear layer's `x @ w.t()`) runs the CPU kernel on aliases of the same
+// layouts: the same gemm call. Anything else (broadcasting,
 // type promotion, CPU scalars, strided views, fusable sizes, an error to
 // raise) takes the boxed path unchanged.
 #include <ATen/EmptyTensor.h>
@@ -215,7 +215,7 @@ struct GatherRowsTask {
   int64_t count, rows, row_bytes;
 
   void operator()() const {
-    if (row_bytes == 0) return;  // an empty result: ATen's loop checks nothing either
+    if (row_bytes == 0) return;  // rows of no elements: ATen's loop checks nothing either
     auto* o = static_cast<char*>(out);
     for (int64_t i = 0; i < count; ++i, o += row_bytes) {
       int64_t r = index[i];
@@ -238,11 +238,10 @@ at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at
       std::vector<int64_t> sizes = index->sizes().vec();
       sizes.insert(sizes.end(), self.sizes().begin() + 1, self.sizes().end());
       at::Tensor out = empty_contiguous(sizes, self.scalar_type());
-      const int64_t rows = self.size(0);
-      const int64_t row_bytes = rows == 0 ? 0 : self.numel() / rows * static_cast<int64_t>(self.itemsize());
+      const int64_t row_bytes = c10::multiply_integers(self.sizes().slice(1)) * static_cast<int64_t>(self.itemsize());
       op.queue(self.device().index(), GatherRowsTask{out.data_ptr(), self.const_data_ptr(),
-                                                     index->const_data_ptr<int64_t>(), index->numel(), rows,
-                                                     out.numel() == 0 ? 0 : row_bytes});
+                                                     index->const_data_ptr<int64_t>(), index->numel(), self.size(0),
+                                                     row_bytes});
       return out;
     }
   }
