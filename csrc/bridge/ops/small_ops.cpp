@@ -233,12 +233,13 @@ at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at
   static const Op op("aten::index", "Tensor");
   if (indices.size() == 1 && self.dim() >= 1 && flat_operands(self)) {
     const std::optional<at::Tensor> index = indices.get(0);
+    const int64_t row_numel = c10::multiply_integers(self.sizes().slice(1));
     if (index && plain(*index) && index->device() == self.device() && index->scalar_type() == at::kLong &&
-        index->numel() < min_fusable_numel()) {
+        index->numel() * row_numel < min_fusable_numel()) {  // (large results: ATen's kernel uses every thread)
       std::vector<int64_t> sizes = index->sizes().vec();
       sizes.insert(sizes.end(), self.sizes().begin() + 1, self.sizes().end());
       at::Tensor out = empty_contiguous(sizes, self.scalar_type());
-      const int64_t row_bytes = c10::multiply_integers(self.sizes().slice(1)) * static_cast<int64_t>(self.itemsize());
+      const int64_t row_bytes = row_numel * static_cast<int64_t>(self.itemsize());
       op.queue(self.device().index(), GatherRowsTask{out.data_ptr(), self.const_data_ptr(),
                                                      index->const_data_ptr<int64_t>(), index->numel(), self.size(0),
                                                      row_bytes});
