@@ -235,8 +235,8 @@ def test_small_index_by_an_int64_tensor_takes_the_lean_path_and_matches_cpu():
     # device is a copy of rows made by the task (csrc/bridge/ops/small_ops.cpp):
     # no meta pass. Results are the CPU's, bit for bit; an index out of bounds
     # raises the CPU's message at the next synchronising call, without the
-    # executor's C++ backtrace. Masks, several indices, CPU or int32 indices
-    # and strided tensors take the generic path and agree too.
+    # executor's C++ backtrace. Masks, several indices, CPU or int32 indices,
+    # strided tensors and large results take the generic path and agree too.
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.int64, torch.bool, torch.bfloat16, torch.float64):
         for shape, index_shape in (((8,), (4,)), ((8, 3), (2, 2)), ((5, 2, 3), (7,)), ((6, 0), (2,)),
@@ -257,6 +257,10 @@ def test_small_index_by_an_int64_tensor_takes_the_lean_path_and_matches_cpu():
     entries = torchneuron._C._meta_cache_entries()
     assert torch.equal(x[i].cpu(), x.cpu()[i.cpu()])
     assert torchneuron._C._meta_cache_entries() == entries
+    # A result of 1M elements or more goes to ATen's kernel (every thread).
+    x, i = torch.randn(4, 300_000, device="neuron"), torch.tensor([0, 3, -1, 2, 0], device="neuron")
+    assert torch.equal(x[i].cpu(), x.cpu()[i.cpu()])
+    assert torchneuron._C._meta_cache_entries() > entries
     bad = x[torch.tensor([1, 9, -10], device="neuron")]  # queued; the device finds the index
     with pytest.raises(RuntimeError, match=r"aten::index.*index 9 is out of bounds for dimension 0 with size 9$"):
         torch.neuron.synchronize()
