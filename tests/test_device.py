@@ -258,8 +258,8 @@ def test_small_index_by_an_int64_tensor_takes_the_lean_path_and_matches_cpu():
     assert torch.equal(x[i].cpu(), x.cpu()[i.cpu()])
     assert torchneuron._C._meta_cache_entries() == entries
     # A result of 1M elements or more goes to ATen's kernel (every thread).
-    x, i = torch.randn(4, 300_000, device="neuron"), torch.tensor([0, 3, -1, 2, 0], device="neuron")
-    assert torch.equal(x[i].cpu(), x.cpu()[i.cpu()])
+    wide, rows = torch.randn(4, 300_000, device="neuron"), torch.tensor([0, 3, -1, 2, 0], device="neuron")
+    assert torch.equal(wide[rows].cpu(), wide.cpu()[rows.cpu()])
     assert torchneuron._C._meta_cache_entries() > entries
     bad = x[torch.tensor([1, 9, -10], device="neuron")]  # queued; the device finds the index
     with pytest.raises(RuntimeError, match=r"aten::index.*index 9 is out of bounds for dimension 0 with size 9$"):
