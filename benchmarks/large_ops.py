@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from .common import CPU, NEURON, Config, compare, median, timed
+from .limits import triad
 
 F32 = 4
 
@@ -76,7 +77,7 @@ def _cases(cfg: Config) -> dict:
 
     cases = {f"add_{n // 2**20}M" if n >= 2**20 else f"add_{n}": (add, {"bytes": 3 * F32 * n})}
     for k in (4, 8):  # bytes: what a fully fused pass must move (two inputs, one output)
-        library = [torch.sigmoid, torch.tanh][:(k - 2) // 2]  # the members that call a math library
+        library = {4: [torch.sigmoid], 8: [torch.sigmoid, torch.tanh]}[k]  # its members that call a math library
         cases[f"elementwise_chain{k}"] = (chain(k), {"bytes": 3 * F32 * n, "elements": n, "library": library})
         cases[f"elementwise_chain{k}_arithmetic"] = (chain(k, arithmetic=True),
                                                      {"bytes": 3 * F32 * n, "elements": n, "library": []})
@@ -117,13 +118,11 @@ def _chain_against_triad(make, elements: int, library, repeats: int) -> dict:
     ideal bytes), measured beside it repeat by repeat: the machine's bandwidth
     drifts by up to 2x within minutes, so limits.py's figure from the start of
     the run is no fair measure of a chain timed minutes later."""
-    chain = make(NEURON)
-    a, b, c = (torch.randn(elements) for _ in range(3))
-    triad = lambda: torch.add(b, c, alpha=3.0, out=a)  # noqa: E731 (as limits.py's)
+    chain, beside = make(NEURON), triad(elements)
     fractions, floors = [], []
     for _ in range(repeats):
         t_chain = timed(chain, NEURON)
-        t_triad = min(timed(triad, CPU) for _ in range(3))  # a best, as limits.py's
+        t_triad = min(timed(beside, CPU) for _ in range(3))  # a best, as limits.py's
         fractions.append(t_triad / t_chain)
         if library:
             floors.append(t_triad / _library_floor_s(library, elements))
