@@ -287,10 +287,14 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
         if (same(lanes[j].out, lane)) return true;
       return false;
     };
-    auto read_after = [&](size_t k) {  // by a member after k, other than as the value just produced
-      for (size_t j = k + 1; j < end_run; ++j)
+    // By a member after k, other than as the value just produced, before a
+    // member overwrites it (a slot serves intermediates in turn).
+    auto read_after = [&](size_t k) {
+      for (size_t j = k + 1; j < end_run; ++j) {
         for (const Lane* lane : {&lanes[j].self, &lanes[j].other})
           if (same(*lane, lanes[k].out) && (j > k + 1 || j >= end)) return true;
+        if (same(lanes[j].out, lanes[k].out)) return false;
+      }
       return false;
     };
     for (size_t k = first; k < end; ++k) {
