@@ -32,10 +32,13 @@ constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
 // stores (stream_copy), unless the group reads it again: it would leave every
 // cache level a core can count on before the next operator reads it.
 constexpr int64_t kStreamBytes = 32 << 20;
-// Exact members prefetch their memory inputs this many slices ahead into
-// L2, each member of a run a share of the lines, so that the requests are
-// spread over the run's compute instead of bunched where the first member
-// reads (a same-process A/B on 16M floats: chains 10-25 % faster).
+// Exact members that run one by one (no chains on this machine) prefetch
+// their memory inputs this many slices ahead into L2, each member of a run a
+// share of the lines, so that the requests are spread over the run's compute
+// instead of bunched where the first member reads (a same-process A/B on 16M
+// floats: runs 10-25 % faster). Chains prefetch for themselves, and runs with
+// chains do without it: there it fell to the library members between chains
+// (tanh) in one burst, for no measurable gain.
 constexpr int64_t kPrefetchSlices = 2;
 // An idle device holds a new group back this long after each operator joins
 // it (runtime::Task::linger_ns), for the next one: a host issues an operator
@@ -130,7 +133,8 @@ struct FusedGroup {
 
 // Prefetches into L2 share `part` of `parts` of the slice of `kSlice`
 // elements (`left` of them before the thread's range ends) at `at`.
-void prefetch_l2(const char* at, int64_t left, size_t itemsize, size_t part, size_t parts) {
+void prefetch_l2(const char* at, int64_t left, size_t itemsize, int64_t part, int64_t parts) {
+  if (left <= 0) return;  // past the range
   const int64_t bytes = std::min(kSlice, left) * int64_t(itemsize);
   for (int64_t b = (bytes * part / parts) & ~63, e = (bytes * (part + 1) / parts) & ~63; b < e; b += 64)
     _mm_prefetch(at + b, _MM_HINT_T2);
@@ -337,10 +341,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
     size_t end = 0;
     std::vector<std::pair<const Lane*, size_t>> inputs;  // and their item sizes
     std::vector<Segment> segments;
-    // Members that run one by one share the prefetch of a later slice, each
-    // its part (chains prefetch for themselves): by member - first, or -1.
-    std::vector<int> prefetch_part;
-    int prefetch_parts = 0;
+    bool prefetch = false;  // without chains: members share the prefetch of a later slice
   };
   std::vector<Run> runs(members.size());
   for (size_t first = 0; first < members.size() && !whole; ++first) {
@@ -367,9 +368,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       k = stop;
       run.segments.push_back(std::move(g));
     }
-    run.prefetch_part.assign(run.end - first, -1);
-    for (const Segment& g : run.segments)
-      for (size_t k = g.first; g.chain.empty() && k < g.end; ++k) run.prefetch_part[k - first] = run.prefetch_parts++;
+    run.prefetch = !chains;
   }
   struct StreamFence {  // streamed stores land before the task can complete, even on an error
     ~StreamFence() { end_streaming(); }
@@ -391,9 +390,9 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               const size_t size = c10::elementSize(members[m].exact->dtype);
               // This member's share of the prefetch of a later slice.
               const int64_t ahead = s + kPrefetchSlices * kSlice;
-              if (const int part = run.prefetch_part[m - first]; part >= 0)
+              if (run.prefetch)
                 for (auto [input, itemsize] : run.inputs)
-                  prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, part, run.prefetch_parts);
+                  prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, m - first, end_run - first);
               char* out = const_cast<char*>(l.out.at(lo, s, size));
               const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
               // Slices start where ATen's vector loop would, so a declined
