@@ -60,9 +60,9 @@ struct Avx512<float> {
   static TORCHNEURON_AVX512 V div(V a, V b) { return _mm512_div_ps(a, b); }
   static TORCHNEURON_AVX512 V flip_sign(V a) { return _mm512_xor_ps(a, _mm512_set1_ps(-0.0f)); }
   static TORCHNEURON_AVX512 V clear_sign(V a) { return _mm512_andnot_ps(_mm512_set1_ps(-0.0f), a); }
-  static TORCHNEURON_AVX512 Mask less(V a, V b) { return _mm512_cmp_ps_mask(a, b, _CMP_LT_OQ); }
+  static TORCHNEURON_AVX512 V max(V bound, V a) { return _mm512_max_ps(bound, a); }
+  static TORCHNEURON_AVX512 V min(V bound, V a) { return _mm512_min_ps(bound, a); }
   static TORCHNEURON_AVX512 Mask nan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
-  static TORCHNEURON_AVX512 V pick(Mask m, V if_clear, V if_set) { return _mm512_mask_blend_ps(m, if_clear, if_set); }
   static TORCHNEURON_AVX512 V exp(V a) { return exp_like_sleef(a); }  // sigmoid is only chained where
                                                                       // vector_math found it
 };
@@ -82,9 +82,9 @@ struct Avx512<double> {
   static TORCHNEURON_AVX512 V div(V a, V b) { return _mm512_div_pd(a, b); }
   static TORCHNEURON_AVX512 V flip_sign(V a) { return _mm512_xor_pd(a, _mm512_set1_pd(-0.0)); }
   static TORCHNEURON_AVX512 V clear_sign(V a) { return _mm512_andnot_pd(_mm512_set1_pd(-0.0), a); }
-  static TORCHNEURON_AVX512 Mask less(V a, V b) { return _mm512_cmp_pd_mask(a, b, _CMP_LT_OQ); }
+  static TORCHNEURON_AVX512 V max(V bound, V a) { return _mm512_max_pd(bound, a); }
+  static TORCHNEURON_AVX512 V min(V bound, V a) { return _mm512_min_pd(bound, a); }
   static TORCHNEURON_AVX512 Mask nan(V a) { return _mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q); }
-  static TORCHNEURON_AVX512 V pick(Mask m, V if_clear, V if_set) { return _mm512_mask_blend_pd(m, if_clear, if_set); }
   static TORCHNEURON_AVX512 V exp(V a) { return Sleef_expd8_u10(a); }
 };
 
@@ -187,14 +187,17 @@ int64_t run_avx512(const ChainProgram& program, int64_t slice, int64_t begin, in
   reciprocal:
     acc = acc.map([](V a) { return A::div(A::splat(T(1)), a); });
     TORCHNEURON_NEXT;
-  clamp_lo: {  // as run_exact: keeps x when it is NaN or equal to the bound
+  // As run_exact: x < lo ? lo : x, which keeps x when it is NaN or equal to
+  // the bound (-0.0 stays -0.0). vmaxps and vminps do just that with x second:
+  // they return the second operand when either is NaN or both are zeros.
+  clamp_lo: {
     const V lo = A::splat(T(pc->value));
-    acc = acc.map([lo](V a) { return A::pick(A::less(a, lo), a, lo); });
+    acc = acc.map([lo](V a) { return A::max(lo, a); });
     TORCHNEURON_NEXT;
   }
   clamp_hi: {
     const V hi = A::splat(T(pc->value));
-    acc = acc.map([hi](V a) { return A::pick(A::less(hi, a), a, hi); });
+    acc = acc.map([hi](V a) { return A::min(hi, a); });
     TORCHNEURON_NEXT;
   }
   sigmoid:  // as vector_math's loop
