@@ -117,12 +117,15 @@ def _chain_against_triad(make, elements: int, library, repeats: int) -> dict:
     """The fused chain's time against a triad over the same elements (the same
     ideal bytes), measured beside it repeat by repeat: the machine's bandwidth
     drifts by up to 2x within minutes, so limits.py's figure from the start of
-    the run is no fair measure of a chain timed minutes later."""
+    the run is no fair measure of a chain timed minutes later. Both are the
+    best of three calls in a row, as limits.py times its triad: the first call
+    after the cores sat idle runs slow (16M floats, chain8 after 0.2 s idle:
+    12.3 ms, then 11.0 and 10.6)."""
     chain, beside = make(NEURON), triad(elements)
     fractions, floors = [], []
     for _ in range(repeats):
-        t_chain = timed(chain, NEURON)
-        t_triad = min(timed(beside, CPU) for _ in range(3))  # a best, as limits.py's
+        t_chain = min(timed(chain, NEURON) for _ in range(3))
+        t_triad = min(timed(beside, CPU) for _ in range(3))
         fractions.append(t_triad / t_chain)
         if library:
             floors.append(t_triad / _library_floor_s(library, elements))

@@ -190,7 +190,7 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         chains = {n: r for n, r in res["large_ops"].items() if "fraction_of_triad_alongside" in r}
         if chains:
             s.append("\nFused chains against a triad over the same elements timed beside them, repeat by "
-                     "repeat (the target's figure). *Ceiling*: the fraction the chain could reach if it "
+                     "repeat, each the best of three calls in a row (the target's figure). *Ceiling*: the fraction the chain could reach if it "
                      "took no longer than ATen's own kernels of its library members (sigmoid, tanh) "
                      "alone, on data in cache, split perfectly over both cores: fusion must compute them bit "
                      "for bit as those kernels do.\n")
