@@ -8,12 +8,12 @@
 // Two steps take fewer instructions for the same values: q stays a float
 // instead of a round trip through an integer, and the scaling is one scalef
 // instead of integer arithmetic building two powers of two (see below).
-// A call clobbers every vector register, so a chain computing sigmoid on several
-// vectors at a time spilled its values around each call; inline,
-// they stay in registers. Its only NaN source is x, so NaN payloads survive as
-// in the library. It was checked against the library over all 2^32 inputs
-// when written, and vector_math.cpp checks it against the library on a sweep
-// of inputs once per process (a mismatch leaves sigmoid to ATen).
+// A call clobbers every vector register, so a chain computing sigmoid on
+// several vectors at a time spilled its values around each call; inline, they
+// stay in registers. Its only NaN source is x, so NaN payloads survive as in
+// the library. It was checked against the library over all 2^32 inputs when
+// written, and vector_math.cpp checks it against the library on a sweep of
+// inputs once per process (a mismatch leaves sigmoid to ATen).
 #pragma once
 
 #include <immintrin.h>
