@@ -339,9 +339,10 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
   };
   struct Run {
     size_t end = 0;
-    std::vector<std::pair<const Lane*, size_t>> inputs;  // and their item sizes
+    // Without chains: the memory inputs whose prefetch the members share,
+    // and their item sizes.
+    std::vector<std::pair<const Lane*, size_t>> inputs;
     std::vector<Segment> segments;
-    bool prefetch = false;  // without chains: members share the prefetch of a later slice
   };
   std::vector<Run> runs(members.size());
   for (size_t first = 0; first < members.size() && !whole; ++first) {
@@ -349,12 +350,12 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
     Run& run = runs[first];
     run.end = first;
     while (run.end < members.size() && members[run.end].exact) ++run.end;
-    for (size_t k = first; k < run.end; ++k)
+    const bool chains = chain_chunk(members[first].exact->dtype) > 0;  // none on this machine: one segment
+    for (size_t k = first; !chains && k < run.end; ++k)
       for (const Lane* l : {&lanes[k].self, &lanes[k].other})
         if (l->base && !l->scratch && l->step == 1 &&
             std::none_of(run.inputs.begin(), run.inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
           run.inputs.emplace_back(l, c10::elementSize(members[k].exact->dtype));
-    const bool chains = chain_chunk(members[first].exact->dtype) > 0;  // none on this machine: one segment
     if (!chains) run.segments.push_back({first, run.end, {}});
     for (size_t k = first; chains && k < run.end;) {
       size_t stop = k + 1;
@@ -368,7 +369,6 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
       k = stop;
       run.segments.push_back(std::move(g));
     }
-    run.prefetch = !chains;
   }
   struct StreamFence {  // streamed stores land before the task can complete, even on an error
     ~StreamFence() { end_streaming(); }
@@ -390,9 +390,8 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
               const size_t size = c10::elementSize(members[m].exact->dtype);
               // This member's share of the prefetch of a later slice.
               const int64_t ahead = s + kPrefetchSlices * kSlice;
-              if (run.prefetch)
-                for (auto [input, itemsize] : run.inputs)
-                  prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, m - first, end_run - first);
+              for (auto [input, itemsize] : run.inputs)
+                prefetch_l2(input->at(lo, ahead, itemsize), end - ahead, itemsize, m - first, end_run - first);
               char* out = const_cast<char*>(l.out.at(lo, s, size));
               const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
               // Slices start where ATen's vector loop would, so a declined
