@@ -11,7 +11,7 @@ from torch.utils.cpp_extension import BuildExtension, CppExtension
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sources = sorted(
     glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/bridge/*.cpp") + glob.glob("csrc/bridge/ops/*.cpp")
-    + glob.glob("csrc/bridge/fusion/*.cpp")
+    + glob.glob("csrc/bridge/fusion/*.cpp") + glob.glob("csrc/bridge/math/*.cpp")
 )
 
 setup(

@@ -191,9 +191,10 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         if chains:
             s.append("\nFused chains against a triad over the same elements timed beside them, repeat by "
                      "repeat, each the best of three calls in a row (the target's figure). *Ceiling*: the "
-                     "fraction the chain could reach if it took no longer than ATen's own kernels of its "
-                     "library members (sigmoid, tanh) alone, on data in cache, split perfectly over both "
-                     "cores: fusion must compute them bit for bit as those kernels do.\n")
+                     "fraction the chain could reach if it took no longer than ATen's own kernel of its "
+                     "library member (sigmoid) alone, on data in cache, split perfectly over both "
+                     "cores: fusion must compute it bit for bit as that kernel does. (tanh is the "
+                     "device's own, computed in the chain: docs/numerics.md.)\n")
             rows = [(n, f"{r['fraction_of_triad_alongside']:.2f}", ", ".join(r.get("library", [])) or "none",
                      f"{r['library_floor_fraction_of_triad']:.2f}" if "library" in r else "-")
                     for n, r in chains.items()]

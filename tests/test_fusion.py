@@ -2,8 +2,9 @@
 
 The fuzzer runs random element-wise programs with fusion on, with fusion off,
 and on the CPU: on and off must agree bit for bit, and the CPU within
-PyTorch's default tolerances. Other tests show that fusion happens on typical
-chains and not where it must not."""
+PyTorch's default tolerances. Float32 tanh is the device's own on both sides
+(see _tanh). Other tests show that fusion happens on typical chains and not
+where it must not."""
 import os
 import random
 import subprocess
@@ -41,7 +42,30 @@ def _busy(device="neuron", repeats=2):
         a = a @ a / 384
 
 
-UNARY = [torch.relu, torch.sigmoid, torch.tanh, torch.neg, torch.abs, torch.nn.functional.gelu,
+class _DeviceTanh(torch.autograd.Function):
+    """Float32 tanh on the CPU as the device computes it (its own function,
+    within one ulp of MKL's; tests/test_tanh.py), with autograd's own
+    backward formula. A program's later operators can magnify a one-ulp
+    difference far past any fixed tolerance (tanh near 1, then its gradient
+    1 - y^2), so the CPU side of the fuzzer takes the device's tanh and
+    everything else stays the CPU's."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = torch.tanh(x.detach().to("neuron")).cpu()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.ops.aten.tanh_backward(grad, ctx.saved_tensors[0])
+
+
+def _tanh(x):
+    return _DeviceTanh.apply(x) if x.device.type == "cpu" and x.dtype == torch.float32 else torch.tanh(x)
+
+
+UNARY = [torch.relu, torch.sigmoid, _tanh, torch.neg, torch.abs, torch.nn.functional.gelu,
          torch.nn.functional.silu, torch.square, lambda x: torch.exp(x.clamp(-5, 5)), lambda x: torch.sqrt(x.abs()), torch.reciprocal, torch.sqrt]
 BINARY = [torch.add, torch.sub, torch.mul, lambda a, b: a / (b.abs() + 1), torch.maximum, torch.minimum,
           lambda a, b: torch.where(a > b, a, b), lambda a, b: a.lerp(b, 0.3)]
@@ -360,10 +384,10 @@ def test_library_functions_and_streamed_results_match_unfused(fusion, n, dtype):
     32 MB and more are written with non-temporal stores unless the group
     reads them again (the held `h`)."""
     if dtype == torch.float32:  # this machine's ATen: AVX512 kernels with MKL's VML
-        assert all(torchneuron._C._fusion_computes_like_aten(op, dtype) for op in LIBRARY_FUNCTIONS)
-        assert torchneuron._C._fusion_computes_like_aten("sigmoid", dtype) == (
+        assert all(torchneuron._C._fusion_computes_as_unfused(op, dtype) for op in LIBRARY_FUNCTIONS)
+        assert torchneuron._C._fusion_computes_as_unfused("sigmoid", dtype) == (
             torch.backends.cpu.get_cpu_capability() == "AVX512")
-        assert not torchneuron._C._fusion_computes_like_aten("gelu", dtype)
+        assert not torchneuron._C._fusion_computes_as_unfused("gelu", dtype)
     g = torch.Generator().manual_seed(3)
     a, b = torch.randn(n, generator=g, dtype=dtype) * 8, torch.randn(n, generator=g, dtype=dtype)
     at = torch.tensor([0, 7, 32768 - 1, n // 2 - 1, n // 2, n // 2 + 1, n - 21, n - 3, n - 1])

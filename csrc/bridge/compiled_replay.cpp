@@ -15,6 +15,7 @@
 #include "device_state.h"
 #include "op_tracking.h"
 #include "ops/aliases.h"
+#include "ops/own_kernels.h"
 namespace py = pybind11;
 
 namespace torchneuron {
@@ -110,7 +111,7 @@ struct CompiledReplay::Program {
             list.set(d.elem, std::move(v));
           }
         }
-        s.op->callBoxed(stack);
+        ops::call_kernel(*s.op, &stack);
         for (const auto& c : s.copies) {
           const c10::IValue& r = stack.at(c.ret);
           at::Tensor src = c.elem < 0 ? r.toTensor() : r.toList().get(c.elem).toTensor();

@@ -12,6 +12,7 @@
 #include "fusion/vector_math.h"
 #include "op_tracking.h"
 #include "ops/kernels.h"
+#include "math/tanh.h"
 #include "ops/meta_cache.h"
 #include "ops/result_placement.h"
 #include "python_tasks.h"
@@ -114,8 +115,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
-  m.def("_fusion_computes_like_aten", [](const std::string& op, at::ScalarType dtype) {
-    return vector_math::like_aten(op, dtype) != nullptr;
+  m.def("_has_own_tanh", &math::has_own_tanh);  // the device's float32 tanh (math/tanh.h)
+  m.def("_fusion_computes_as_unfused", [](const std::string& op, at::ScalarType dtype) {
+    return vector_math::as_unfused(op, dtype) != nullptr;
   });
   // Results computed in device memory (result_placement.h), for tests.
   m.def("_result_placement_counts", [] {

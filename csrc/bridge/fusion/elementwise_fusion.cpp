@@ -18,6 +18,7 @@
 
 #include "../op_tracking.h"
 #include "../ops/aliases.h"
+#include "../ops/own_kernels.h"
 #include "../ops/result_placement.h"
 #include "exact_arithmetic.h"
 #include "vector_math.h"
@@ -279,10 +280,10 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
   }
   // Members [first, end) of a run of exact members as a chain
   // (exact_arithmetic.h), or empty if they are not one: a library function
-  // other than sigmoid, two dtypes, a slot or memory that an earlier member
-  // of the chain writes read other than as the value just produced. Slots
-  // (in_slice: only this run touches them) are read and written in place
-  // where members outside the chain need them.
+  // other than sigmoid and the device's tanh, two dtypes, a slot or memory
+  // that an earlier member of the chain writes read other than as the value
+  // just produced. Slots (in_slice: only this run touches them) are read and
+  // written in place where members outside the chain need them.
   auto chain_of = [&](size_t first, size_t end, size_t end_run) {
     std::vector<ChainStep> chain;
     auto same = [](const Lane& a, const Lane& b) { return a.base == b.base && a.scratch == b.scratch; };
@@ -304,7 +305,8 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
     for (size_t k = first; k < end; ++k) {
       const ExactArithmetic& op = *members[k].exact;
       const Lanes& l = lanes[k];
-      if ((op.kind == ExactArithmetic::Kind::Function && !vector_math::is_sigmoid(*op.function)) ||
+      if ((op.kind == ExactArithmetic::Kind::Function && !vector_math::is_sigmoid(*op.function) &&
+           !vector_math::is_own_tanh(*op.function, op.dtype)) ||
           op.dtype != members[first].exact->dtype || (l.out.scratch && !l.out.in_slice))
         return std::vector<ChainStep>{};
       ChainStep step{&op};
@@ -332,7 +334,8 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
   };
   // Runs of exact members, by their first member: the inputs they read from
   // memory (prefetched) and their segments, chains and members that cannot
-  // chain (a library function other than sigmoid) on their own.
+  // chain (a library function other than sigmoid and the device's tanh) on
+  // their own.
   struct Segment {
     size_t first, end;
     ChainProgram chain;  // empty: member by member
@@ -428,7 +431,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
         for (const Slice& s : p.slices) s.at(row, lo, len);
         torch::jit::Stack stack(p.args.begin(), p.args.end());
         if (p.result_slices.empty()) {
-          members[m++].call.op.callBoxed(&stack);
+          ops::call_kernel(members[m++].call.op, &stack);
           continue;
         }
         // A functional member computes straight into its piece of the result
@@ -439,7 +442,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
           into.emplace_back(s.alias);
         }
         PlaceResults placing(into, /*enabled=*/true);
-        members[m].call.op.callBoxed(&stack);
+        ops::call_kernel(members[m].call.op, &stack);
         placing.settle(std::move(stack));
         ++m;
       } catch (const std::exception& e) {

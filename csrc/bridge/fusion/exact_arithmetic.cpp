@@ -184,7 +184,7 @@ std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) 
     const at::Tensor& x = call.args[op.self].toTensor();
     if (schema.arguments().size() != (arg("out") ? 2 : 1) || x.scalar_type() != op.dtype || x.numel() != out.numel())
       return std::nullopt;
-    op.function = vector_math::like_aten(base, op.dtype);
+    op.function = vector_math::as_unfused(base, op.dtype);
     if (!op.function) return std::nullopt;
   }
 

@@ -1,13 +1,14 @@
 // Members of a fused group that need no ATen kernel, because fusion's own
-// loops compute every element bit for bit as ATen's vector and scalar kernels
-// do, NaN payloads and signed zeros included:
+// loops compute every element bit for bit as unfused execution does (ATen's
+// vector and scalar kernels, or the device's own), NaN payloads and signed
+// zeros included:
 // * float and double arithmetic whose every result element is one correctly
 //   rounded IEEE operation (add, sub, mul, div, reciprocal) or a choice
 //   between an operand and a bound (neg, abs, relu, clamp). Not sqrt: ATen's
 //   is not correctly rounded (a vector approximation).
 // * sigmoid, tanh, exp, log, sqrt, sin, erf, ...: by the very math-library
-//   calls ATen's kernels make (vector_math.h), each checked against ATen once
-//   per process.
+//   calls ATen's kernels make, each checked against ATen once per process, or
+//   by the device's own function (float tanh; vector_math.h).
 // A fused group runs a run of them slice by slice in L1 with its own loops,
 // instead of one boxed call (and TensorIterator) per member and piece.
 // Everything else, and these operations with type promotion, an alpha other
@@ -84,7 +85,7 @@ int64_t chain_chunk(c10::ScalarType dtype);
 struct ChainProgram {
   enum class Code : uint8_t {
     LoadAcc, LoadArg, SplatAcc, SplatArg, ArgFromAcc, Check,
-    Add, Sub, Mul, Div, Neg, Abs, Reciprocal, ClampLo, ClampHi, Sigmoid, Hold, End };
+    Add, Sub, Mul, Div, Neg, Abs, Reciprocal, ClampLo, ClampHi, Sigmoid, Tanh, Hold, End };
   struct MicroOp {
     Code code;
     bool in_slice;      // `data` is a scratch slot holding the current slice

@@ -1,8 +1,9 @@
 // compile_chain and run_chain (exact_arithmetic.h): a chain of exact members
 // computed in registers, a chunk of eight AVX-512 vectors at a time. Every
 // operation is the single IEEE operation, or the choice, that run_exact's
-// loops (and ATen's kernels) make per element, so the results are the same
-// bits.
+// loops (and ATen's kernels) make per element, or the very function unfused
+// execution computes (sigmoid as ATen's vector loop, the device's tanh), so
+// the results are the same bits.
 //
 // The chain runs as threaded code: a program of micro-ops over two sets of
 // eight registers, the value (`acc`) and the step's other operand (`arg`),
@@ -16,10 +17,12 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <type_traits>
 #include <string>
 
 #include "exact_arithmetic.h"
-#include "sleef_exp.h"
+#include "../math/sleef_exp.h"
+#include "../math/tanh.h"
 
 namespace torchneuron {
 namespace {
@@ -65,6 +68,7 @@ struct Avx512<float> {
   static TORCHNEURON_AVX512 Mask nan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
   static TORCHNEURON_AVX512 V exp(V a) { return exp_like_sleef(a); }  // sigmoid is only chained where
                                                                       // vector_math found it
+  static TORCHNEURON_AVX512 V tanh(V a) { return math::tanh_float16(a); }
 };
 
 template <>
@@ -126,7 +130,7 @@ int64_t run_avx512(const ChainProgram& program, int64_t slice, int64_t begin, in
   // By Code.
   static const void* const labels[] = {&&load_acc, &&load_arg, &&splat_acc, &&splat_arg, &&arg_from_acc, &&check,
                                        &&add, &&sub, &&mul, &&div, &&neg, &&abs, &&reciprocal, &&clamp_lo,
-                                       &&clamp_hi, &&sigmoid, &&hold, &&end};
+                                       &&clamp_hi, &&sigmoid, &&tanh, &&hold, &&end};
   static_assert(sizeof(labels) / sizeof(labels[0]) == size_t(Code::End) + 1);
   // A memory or scratch operand's chunk, prefetching ahead.
   auto load = [&](const ChainProgram::MicroOp& op, int64_t i) {
@@ -206,6 +210,9 @@ int64_t run_avx512(const ChainProgram& program, int64_t slice, int64_t begin, in
       return A::div(one, A::add(A::exp(A::flip_sign(a)), one));
     });
     TORCHNEURON_NEXT;
+  tanh:  // the device's own (../math/tanh.h), which chain_of chains for float only
+    if constexpr (std::is_same_v<T, float>) acc = acc.map(A::tanh);
+    TORCHNEURON_NEXT;
   hold:
     held[pc->output] = acc;
     TORCHNEURON_NEXT;
@@ -280,7 +287,9 @@ ChainProgram compile_chain(const std::vector<ChainStep>& steps) {
         if (op.lo) emit(Code::ClampLo, *op.lo);
         if (op.hi) emit(Code::ClampHi, *op.hi);
         break;
-      case Kind::Function: emit(Code::Sigmoid); break;  // chain_of chains no other function
+      case Kind::Function:  // chain_of chains no other function
+        emit(vector_math::is_sigmoid(*op.function) ? Code::Sigmoid : Code::Tanh);
+        break;
     }
     if (step.out) {
       TORCH_INTERNAL_ASSERT(program.outputs.size() < ChainProgram::kMaxOutputs, "compile_chain: too many outputs");

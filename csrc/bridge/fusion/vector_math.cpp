@@ -13,7 +13,8 @@
 #include <mutex>
 #include <type_traits>
 
-#include "sleef_exp.h"
+#include "../math/sleef_exp.h"
+#include "../math/tanh.h"
 
 namespace torchneuron::vector_math {
 
@@ -24,6 +25,7 @@ using VmlDouble = void (*)(int64_t n, const double* a, double* r, int64_t mode);
 struct Unary {
   const char* op;
   const char* vml[2];  // MKL's names for float and double; none: sigmoid
+  void (*own_float)(float* out, const float* x, int64_t n) = nullptr;  // the device's own
   VmlFloat vml_float = nullptr;
   VmlDouble vml_double = nullptr;
   bool matches[2] = {false, false};  // float, double: checked against ATen
@@ -149,6 +151,12 @@ Unary* table_checked_once(size_t* size) {
         fn.vml_double = reinterpret_cast<VmlDouble>(dlsym(lib, fn.vml[1]));
       }
       const bool sigmoid = !fn.vml[0];
+      if (std::strcmp(fn.op, "tanh") == 0 && math::has_own_tanh()) {
+        fn.own_float = math::tanh_float;  // what the unfused kernel computes: no check against ATen
+        fn.matches[0] = true;
+        fn.matches[1] = fn.vml_double != nullptr && check(fn, at::kDouble);
+        continue;
+      }
       fn.matches[0] = (sigmoid ? avx512 && Sleef_expf16_u10 && inline_exp_matches_library() : fn.vml_float != nullptr) &&
                       check(fn, at::kFloat);
       fn.matches[1] = (sigmoid ? avx512 && Sleef_expd8_u10 : fn.vml_double != nullptr) && check(fn, at::kDouble);
@@ -160,7 +168,7 @@ Unary* table_checked_once(size_t* size) {
 
 } // namespace
 
-const Unary* like_aten(const std::string& op, c10::ScalarType dtype) {
+const Unary* as_unfused(const std::string& op, c10::ScalarType dtype) {
   if (dtype != at::kFloat && dtype != at::kDouble) return nullptr;
   size_t size = 0;
   Unary* table = table_checked_once(&size);
@@ -170,6 +178,8 @@ const Unary* like_aten(const std::string& op, c10::ScalarType dtype) {
 }
 
 bool is_sigmoid(const Unary& fn) { return !fn.vml[0]; }
+
+bool is_own_tanh(const Unary& fn, c10::ScalarType dtype) { return dtype == at::kFloat && fn.own_float; }
 
 MklOnThisThread::MklOnThisThread() {
   if (SetLocalThreads set = set_local_threads()) previous_ = set(1);
@@ -183,7 +193,7 @@ void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64
   if (dtype == at::kFloat) {
     auto* o = reinterpret_cast<float*>(out);
     auto* a = reinterpret_cast<const float*>(x);
-    fn.vml_float ? fn.vml_float(n, a, o, kVmlMode) : sigmoid_avx512(o, a, n);
+    fn.own_float ? fn.own_float(o, a, n) : fn.vml_float ? fn.vml_float(n, a, o, kVmlMode) : sigmoid_avx512(o, a, n);
   } else {
     auto* o = reinterpret_cast<double*>(out);
     auto* a = reinterpret_cast<const double*>(x);

@@ -1,15 +1,18 @@
-// Unary functions that fusion computes in its own slice loops, by the same
-// math-library calls, in the same order, as ATen's CPU kernels, so that they
-// match unfused execution bit for bit:
+// Unary functions that fusion computes in its own slice loops, exactly as
+// unfused execution on the device computes them, so that they match it bit
+// for bit:
+// * float tanh: the device's own (../math/tanh.h), the function its unfused
+//   kernel computes (../ops/own_kernels.h), on hosts that have it.
 // * sigmoid: ATen's vector kernel is 1 / (1 + exp(-x)) with SLEEF's exp, two
 //   vectors at a time; the remainder of each call runs the scalar form with
 //   libm's exp. Reproduced on ATen's AVX512 path only.
-// * tanh, exp, log, sqrt, sin, cos, erf, ...: ATen hands them to MKL's vector
-//   math (VML), which computes each element on its own, however calls are cut.
-// Both rely on how this build of ATen writes its kernels, so each function is
-// checked once per process against ATen itself, on values that take every
-// path (remainders, NaN payloads, infinities, subnormals, huge values); one
-// that does not match is left to ATen's kernel.
+// * tanh (double), exp, log, sqrt, sin, cos, erf, ...: ATen hands them to
+//   MKL's vector math (VML), which computes each element on its own, however
+//   calls are cut.
+// The last two rely on how this build of ATen writes its kernels, so each
+// function is checked once per process against ATen itself, on values that
+// take every path (remainders, NaN payloads, infinities, subnormals, huge
+// values); one that does not match is left to ATen's kernel.
 #pragma once
 
 #include <c10/core/ScalarType.h>
@@ -22,12 +25,15 @@ namespace torchneuron::vector_math {
 struct Unary;
 
 // The function computing ATen's operator `op` (a base name: "tanh") for
-// `dtype` as ATen does in this process, or nullptr.
-const Unary* like_aten(const std::string& op, c10::ScalarType dtype);
+// `dtype` as unfused execution on the device does in this process, or nullptr.
+const Unary* as_unfused(const std::string& op, c10::ScalarType dtype);
 
 // Whether `fn` is sigmoid, which chains (exact_chain.cpp) compute vector by
 // vector as 1 / (exp(-x) + 1) with SLEEF's exp, as ATen's vector loop does.
 bool is_sigmoid(const Unary& fn);
+// Whether `fn` is the device's own tanh for `dtype`, which chains compute
+// vector by vector.
+bool is_own_tanh(const Unary& fn, c10::ScalarType dtype);
 
 // out[i] = fn(x[i]) for i < n. `n` must be where ATen's own call would end
 // (a thread's range) or a multiple of its vector step (fusion's slices are).

@@ -6,11 +6,12 @@
 //   other ops     the host computes output metadata with the op's meta kernel
 //                 (meta aliases of the arguments), allocates outputs from the
 //                 caching allocator, queues a task on the current stream and
-//                 returns. The task runs ATen's CPU kernel on host aliases of
-//                 device memory: no copies. The meta pass runs once per
-//                 argument signature (meta_cache.h); structured ops call their
-//                 out= overload (out_variants.h); element-wise ops may join a
-//                 pending fused task (../fusion/elementwise_fusion.h).
+//                 returns. The task runs ATen's CPU kernel (or the device's
+//                 own: own_kernels.h) on host aliases of device memory: no
+//                 copies. The meta pass runs once per argument signature
+//                 (meta_cache.h); structured ops call their out= overload
+//                 (out_variants.h); element-wise ops may join a pending fused
+//                 task (../fusion/elementwise_fusion.h).
 //   synchronizing ops whose outputs depend on data, or that return values
 //                 (nonzero, unique, equal, ...): the host waits for the stream
 //                 and runs the kernel in place
@@ -42,6 +43,7 @@
 #include "aliases.h"
 #include "kernels.h"
 #include "meta_cache.h"
+#include "own_kernels.h"
 #include "out_variants.h"
 #include "result_placement.h"
 #include "../fusion/elementwise_fusion.h"
@@ -600,14 +602,14 @@ void run_queued(const c10::OperatorHandle& op, const OpTraits& traits, torch::ji
               flexible.push_back(o.isTensor() ? host_alias(o.toTensor(), /*resizable=*/true) : at::Tensor());
             for (const auto& d : outputs.deferred) flexible[d.index] = d.alias.make(/*resizable=*/true);
             for (auto& f : flexible) s.push_back(f);
-            out_op->callBoxed(&s);
+            call_kernel(*out_op, &s);
             for (const auto& d : outputs.deferred)
               if (flexible[d.index].storage().data() != d.alias.data) d.alias.make().copy_(flexible[d.index]);
             return;
           }
           outputs.make();
           PlaceResults placing(outputs.values, traits.place_results, traits.placement_history.get(), s);
-          op.callBoxed(&s);
+          call_kernel(op, &s);
           std::vector<c10::IValue> results;
           for (size_t i = 0; i < s.size(); ++i)
             if (traits.source[i] < 0) results.push_back(std::move(s[i]));
@@ -632,7 +634,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpTraits& traits, to
   std::vector<c10::IValue> aliases(stack->end() - n, stack->end());
   {
     auto guard = below_autograd();
-    op.callBoxed(stack);
+    call_kernel(op, stack);
   }
   // Written arguments the kernel resized into fresh host memory come back.
   for (size_t i : traits.written) {
