@@ -43,10 +43,16 @@ bool tanh_kernel(Form form, torch::jit::Stack* stack) {
 }  // namespace
 
 void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::OperatorName& name = op.operator_name();
-  if (name.name == "aten::tanh" && name.overload_name.empty() && tanh_kernel(Form::Functional, stack)) return;
-  if (name.name == "aten::tanh" && name.overload_name == "out" && tanh_kernel(Form::Out, stack)) return;
-  if (name.name == "aten::tanh_" && tanh_kernel(Form::InPlace, stack)) return;
+  // Every task passes here: compare schemas by address, found once.
+  static const auto schema = [](const char* name, const char* overload) {
+    return &c10::Dispatcher::singleton().findSchemaOrThrow(name, overload).schema();
+  };
+  static const c10::FunctionSchema *tanh = schema("aten::tanh", ""), *tanh_out = schema("aten::tanh", "out"),
+                                   *tanh_ = schema("aten::tanh_", "");
+  const c10::FunctionSchema* s = &op.schema();
+  if ((s == tanh || s == tanh_out || s == tanh_) &&
+      tanh_kernel(s == tanh_out ? Form::Out : s == tanh_ ? Form::InPlace : Form::Functional, stack))
+    return;
   op.callBoxed(stack);
 }
 
