@@ -9,10 +9,7 @@ from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-sources = sorted(
-    glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/bridge/*.cpp") + glob.glob("csrc/bridge/ops/*.cpp")
-    + glob.glob("csrc/bridge/fusion/*.cpp") + glob.glob("csrc/bridge/math/*.cpp")
-)
+sources = sorted(glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/bridge/**/*.cpp", recursive=True))
 
 setup(
     name="torchneuron",

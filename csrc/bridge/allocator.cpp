@@ -12,7 +12,6 @@
 #include <unordered_map>
 
 #include "device_state.h"
-#include "fusion/elementwise_fusion.h"
 
 namespace torchneuron {
 namespace {
@@ -237,10 +236,10 @@ Block* malloc_block(int device, int stream, size_t requested) {
 
 void free_block(void* ctx) {
   auto* b = static_cast<Block*>(ctx);
-  // A temporary freed while the fused task producing it still waits need
-  // never be written (adaptive eager). Only single-stream blocks: another
-  // stream may still read a recorded one.
-  if (b->used_on.empty()) release_from_pending_group(rt::device(b->device).stream(b->stream), b->ptr, b->size);
+  // The stream's waiting work hears of the free: a temporary that a pending
+  // fused task produces need then never be written. Only single-stream
+  // blocks: another stream may still read a recorded one.
+  if (b->used_on.empty()) rt::device(b->device).stream(b->stream).notify_free(b->ptr, b->size);
   DeviceCache& c = cache(b->device);
   std::lock_guard<std::mutex> lock(c.mu);
   b->allocated = false;

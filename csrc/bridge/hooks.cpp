@@ -7,7 +7,7 @@
 #include "device_state.h"
 #include "generator.h"
 #include "host_allocator.h"
-#include "ops/storage_resize.h"
+#include "exec/storage_resize.h"
 
 namespace torchneuron {
 namespace {

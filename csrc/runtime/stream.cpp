@@ -24,7 +24,7 @@ enum SlotState : uint32_t {
 struct alignas(64) Stream::Slot {
   std::atomic<uint32_t> state{kFree};
   // Host time until which an idle executor holds a lingering task back (0:
-  // no lingering): its launch or last amendment plus Task::linger_ns. Kept
+  // no lingering): its launch or last amendment plus OpenWork::linger_ns. Kept
   // here, atomic, because the executor reads it while a host may amend.
   std::atomic<int64_t> linger_until{0};
   Task task;
@@ -58,7 +58,9 @@ uint64_t Stream::enqueue(TaskName name, TaskBody run) {
 
 uint64_t Stream::enqueue(Task task) {
   task.enqueued_ns = now_ns();
-  const int64_t linger_until = task.linger_ns > 0 ? task.enqueued_ns + task.linger_ns : 0;
+  const int64_t linger = task.open ? task.open->linger_ns() : 0;
+  const int64_t linger_until = linger > 0 ? task.enqueued_ns + linger : 0;
+  if (task.open) open_waiting_.fetch_add(1, std::memory_order_relaxed);
   uint64_t seq;
   {
     std::lock_guard<std::mutex> lock(producer_mu_);
@@ -104,7 +106,7 @@ void Stream::run_one(Task& task) {
   task.finished_ns = now_ns();
   device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
-  task.payload.reset();
+  task.open.reset();
   // Without the lock unless a host waits: a waiter registers (under the lock)
   // before it reads completed_, and both sides' accesses are sequentially
   // consistent, so either this sees the waiter or the waiter sees this store.
@@ -149,7 +151,7 @@ Stream::Slot* Stream::next_task() {
       std::this_thread::yield();
       continue;
     }
-    // A task that lingers (Task::linger_ns) waits while the host amends it,
+    // A task that lingers (OpenWork::linger_ns) waits while the host amends it,
     // until something else is queued, a host waits, or time is up.
     if (const int64_t until = slot->linger_until.load(std::memory_order_relaxed)) {
       const uint64_t seq = slot->task.seq;  // never amended
@@ -165,6 +167,7 @@ Stream::Slot* Stream::next_task() {
     if (slot->state.compare_exchange_strong(state, kTaken, std::memory_order_acquire)) {
       ++head_pos_;
       started_.store(slot->task.seq, std::memory_order_relaxed);
+      if (slot->task.open) open_waiting_.fetch_sub(1, std::memory_order_relaxed);
       return slot;
     }
   }
@@ -207,9 +210,22 @@ bool Stream::amend_pending_tail(const std::function<bool(Task&)>& amend) {
     ~Release() { slot->state.store(kReady, std::memory_order_release); }
   } release{slot};
   if (!amend(slot->task)) return false;
-  if (const int64_t linger = slot->task.linger_ns; linger > 0)
+  if (const int64_t linger = slot->task.open ? slot->task.open->linger_ns() : 0; linger > 0)
     slot->linger_until.store(now_ns() + linger, std::memory_order_relaxed);
   return true;
+}
+
+void Stream::notify_free(const void* ptr, size_t nbytes) {
+  if (open_waiting_.load(std::memory_order_relaxed) == 0) return;
+  std::lock_guard<std::mutex> lock(producer_mu_);
+  Slot* slot = newest_;
+  uint32_t ready = kReady;
+  if (!slot || !slot->state.compare_exchange_strong(ready, kAmending, std::memory_order_acquire)) return;
+  struct Release {  // hands the task back to the executor, even if `on_free` throws
+    Slot* slot;
+    ~Release() { slot->state.store(kReady, std::memory_order_release); }
+  } release{slot};
+  if (slot->task.open) slot->task.open->on_free(ptr, nbytes);
 }
 
 size_t Stream::pending() const {

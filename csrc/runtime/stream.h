@@ -9,11 +9,12 @@
 // segments the executor hands back for reuse, so a launch allocates nothing
 // that the other thread frees. (A mutex-guarded std::deque, the obvious
 // queue, passes the mutex's cache line between the cores twice per task and
-// frees its nodes on the thread that did not allocate them: that cost a tiny
-// operator 0.5-1.4 us, about as much as its kernel.)
+// frees its nodes on the thread that did not allocate them: for a tiny
+// operator that costs about as much as its kernel.)
 //
-// Tasks that have not started stay in their slots, where the bridge's fuser
-// may inspect and amend the newest one (amend_pending_tail).
+// Tasks that have not started stay in their slots, where a client may amend
+// the newest one (amend_pending_tail); open tasks (task.h) also hear about
+// frees (notify_free).
 #pragma once
 
 #include <atomic>
@@ -60,6 +61,11 @@ class Stream {
   // such task. The fuser merges work into a pending task this way.
   bool amend_pending_tail(const std::function<bool(Task&)>& amend);
 
+  // Device memory [ptr, ptr + nbytes) was freed by its last owner, in this
+  // stream's order: tells the newest task if it is open and has not started.
+  // Costs one atomic load while no open task waits.
+  void notify_free(const void* ptr, size_t nbytes);
+
   // Number of queued tasks not yet started (a snapshot).
   size_t pending() const;
 
@@ -88,6 +94,7 @@ class Stream {
   // Executor side: only the executor writes these.
   alignas(64) std::atomic<uint64_t> completed_{0};
   std::atomic<uint64_t> started_{0};
+  std::atomic<int64_t> open_waiting_{0};  // open tasks queued and not started (hosts add, the executor takes)
   Segment* head_ = nullptr;
   uint32_t head_pos_ = 0;
 

@@ -128,6 +128,23 @@ class TaskBody {
   const Ops* ops_ = nullptr;
 };
 
+// Work that stays open while its task waits in the queue. A client merges
+// later launches into it (Stream::amend_pending_tail) and hears when device
+// memory is freed on the stream behind it (Stream::notify_free), so that a
+// temporary nobody holds need never be written. The bridge's fuser is the
+// client; the runtime knows only this interface.
+class OpenWork {
+ public:
+  virtual ~OpenWork() = default;
+  // Device memory [ptr, ptr + nbytes) lost its last owner on this task's
+  // stream while the task is the newest one and has not started.
+  virtual void on_free(const void* ptr, size_t nbytes) = 0;
+  // How long an idle executor holds the task back after its launch and after
+  // each amendment, while it is the stream's only task and no host waits:
+  // work still being issued can then join it instead of following it.
+  virtual int64_t linger_ns() const { return 0; }
+};
+
 struct Task {
   TaskName name;
   TaskBody run;
@@ -135,14 +152,7 @@ struct Task {
   int64_t enqueued_ns = 0;   // host time of the launch
   int64_t started_ns = 0;    // device time the task began
   int64_t finished_ns = 0;   // device time the task ended
-  // Opaque state a client keeps with a pending task, e.g. the bridge's fuser
-  // recognises its own fused tasks by it (see Stream::amend_pending_tail).
-  std::shared_ptr<void> payload;
-  // How long an idle executor holds this task back after its last amendment
-  // while it is the stream's only task and no host waits: a fused group then
-  // gets the next operator of a host still issuing them, instead of starting
-  // alone and writing its result to memory for the next task to read back.
-  int64_t linger_ns = 0;
+  std::shared_ptr<OpenWork> open;  // null for work that cannot change once queued
 };
 
 // Called on the executor thread after every task (profiler feed). Must be cheap.

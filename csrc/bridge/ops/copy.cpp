@@ -12,9 +12,10 @@
 #include <ATen/ops/_local_scalar_dense_native.h>
 
 #include "../device_state.h"
-#include "../fusion/elementwise_fusion.h"
+#include "../exec/fuser.h"
+#include "../exec/host_views.h"
+#include "../exec/op_policy.h"
 #include "../host_allocator.h"
-#include "aliases.h"
 #include "kernels.h"
 
 namespace torchneuron::ops {
@@ -47,26 +48,26 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     }
     if (self.device() == dst.device() && dst.numel() >= min_fusable_numel() && adaptive_eager_enabled()) {
       static const auto copy_op = c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
-      ElementwiseCall call{copy_op, {host_alias(dst), host_alias(self), false}, {}, "aten::copy_"};
-      if (translate_errors([&] { return enqueue_fusable(stream, call); })) return dst;
+      ElementwiseCall call{copy_op, {host_view(dst), host_view(self), false}, {}, &op_policy(copy_op)};
+      if (translate_errors([&] { return offer_to_fuser(stream, call); })) return dst;
     }
-    enqueue_copy(stream, host_alias(dst), host_alias(self));
+    enqueue_copy(stream, host_view(dst), host_view(self));
   } else if (dst_dev) {
     rt::Stream& stream = current_runtime_stream(dst.device().index());
     if (non_blocking && is_pinned(self.storage().data())) {
-      enqueue_copy(stream, host_alias(dst), self);
+      enqueue_copy(stream, host_view(dst), self);
     } else if (stream.query()) {
-      host_alias(dst).copy_(self);  // the device is idle: copy now
+      host_view(dst).copy_(self);  // the device is idle: copy now
     } else {
-      enqueue_copy(stream, host_alias(dst), self.clone(at::MemoryFormat::Preserve));
+      enqueue_copy(stream, host_view(dst), self.clone(at::MemoryFormat::Preserve));
     }
   } else {
     rt::Stream& stream = current_runtime_stream(self.device().index());
     if (non_blocking && is_pinned(dst.storage().data())) {
-      enqueue_copy(stream, dst, host_alias(self));
+      enqueue_copy(stream, dst, host_view(self));
     } else {
       translate_errors([&] { stream.synchronize(); });
-      const_cast<at::Tensor&>(dst).copy_(host_alias(self));
+      const_cast<at::Tensor&>(dst).copy_(host_view(self));
     }
   }
   return dst;
@@ -82,7 +83,7 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   // Device memory is host-addressable and the stream is done with it: the
   // CPU kernel reads the value in place, with no alias to make. A conjugate or
   // negative view goes through the alias, whose dispatch resolves the bit.
-  if (self.is_conj() || self.is_neg()) return at::_local_scalar_dense(host_alias(self));
+  if (self.is_conj() || self.is_neg()) return at::_local_scalar_dense(host_view(self));
   return at::native::_local_scalar_dense_cpu(self);
 }
 

@@ -13,7 +13,7 @@
 // structured meta function and then call the out= overload through the
 // dispatcher again; the executor's cached meta pass and direct out= call cost
 // half as much. (Operators with kernels of their own, such as the lean ones
-// in small_ops.cpp, are left as they are.)
+// in lean_path.cpp, are left as they are.)
 //
 // Convolution is the other case: its composite picks an algorithm by device
 // type and sends unknown devices to convolution_overrideable (unimplemented).
@@ -23,6 +23,8 @@
 
 #include <memory>
 
+#include "../exec/executor.h"
+#include "../exec/op_policy.h"
 #include "kernels.h"
 
 namespace torchneuron::ops {
@@ -32,8 +34,8 @@ void prefer_cpu_kernels() {
     auto& dispatcher = c10::Dispatcher::singleton();
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
                                                 __FILE__, __LINE__);
-    for (const char* op : {"convolution", "convolution_backward", "_convolution", "_convolution_double_backward"})
-      lib->impl(op, torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
+    for (const char* op : ops_with_cpu_algorithm_choice())
+      lib->impl(op, torch::CppFunction::makeFromBoxedFunction<&execute>());
     for (const auto& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = dispatcher.findOp(name);
@@ -48,7 +50,7 @@ void prefer_cpu_kernels() {
             op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)))
         continue;
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
+      lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&execute>());
     }
     return lib;
   }();

@@ -1,5 +1,5 @@
-// The explicit `neuron` kernels. Everything else reaches device_fallback.cpp,
-// the generic asynchronous executor. Registration lives in register.cpp.
+// The explicit `neuron` kernels. Everything else reaches the executor
+// (../exec/executor.h). Registration lives in register.cpp.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -36,9 +36,9 @@ at::Scalar local_scalar_dense(const at::Tensor& self);
 // random.cpp: random operators whose CPU kernels would use the CPU generator
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train);
 
-// small_ops.cpp: the lean path for small operands of one dtype in plain
+// lean_path.cpp: the lean path for small operands of one dtype in plain
 // layouts (contiguous; matrices also transposed); the rest of their calls go
-// to device_fallback
+// to the executor
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
 at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha);
 at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other);
@@ -51,11 +51,8 @@ at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2);
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
                  const at::Scalar& alpha);
 
-// device_fallback.cpp: every other operator
-void device_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
-
 // cpu_kernel_preference.cpp: routes operators whose generic composite would
-// differ from the CPU kernel to device_fallback. Runs once the explicit
+// differ from the CPU kernel to the executor. Runs once the explicit
 // kernels above are registered, which it leaves in place.
 void prefer_cpu_kernels();
 

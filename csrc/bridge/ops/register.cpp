@@ -1,7 +1,9 @@
 // Registration glue for `neuron` operators: explicit kernels (kernels.h) and
-// the boxed fallback that runs every other ATen operator on the device.
+// the executor (../exec/executor.h), PyTorch's boxed fallback for the key,
+// which runs every other ATen operator on the device.
 #include <torch/library.h>
 
+#include "../exec/executor.h"
 #include "kernels.h"
 
 namespace torchneuron::ops {
@@ -35,7 +37,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&device_fallback>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&execute>());
 }
 
 // Copies of conjugated or negated tensors: the CPU copy kernel (which the
@@ -50,6 +52,5 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }
-
 
 } // namespace torchneuron::ops

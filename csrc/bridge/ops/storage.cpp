@@ -11,8 +11,8 @@
 
 #include "../allocator.h"
 #include "../device_state.h"
+#include "../exec/storage_resize.h"
 #include "kernels.h"
-#include "storage_resize.h"
 
 namespace torchneuron {
 

@@ -128,15 +128,48 @@ TEST(pending_tail_can_be_amended_before_it_starts) {
   CHECK(!s.amend_pending_tail([](Task&) { return true; }));  // nothing pending
 }
 
+// Open work that records the frees it hears about.
+struct RecordingWork final : OpenWork {
+  int64_t linger = 0;
+  std::vector<std::pair<const void*, size_t>> freed;
+  void on_free(const void* ptr, size_t nbytes) override { freed.emplace_back(ptr, nbytes); }
+  int64_t linger_ns() const override { return linger; }
+};
+
+TEST(open_task_hears_frees_only_while_it_is_the_waiting_tail) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  std::atomic<bool> release{false};
+  s.enqueue("gate", [&] { while (!release) std::this_thread::yield(); });
+  auto work = std::make_shared<RecordingWork>();
+  Task t;
+  t.name = "open";
+  t.run = [] {};
+  t.open = work;
+  s.enqueue(std::move(t));
+  int x = 0;
+  s.notify_free(&x, 4);
+  CHECK(work->freed.size() == 1 && work->freed[0].first == &x && work->freed[0].second == 4);
+  s.enqueue("closed", [] {});  // no longer the tail: hears nothing
+  s.notify_free(&x, 8);
+  CHECK(work->freed.size() == 1);
+  release = true;
+  s.synchronize();
+  s.notify_free(&x, 16);  // started and done: hears nothing
+  CHECK(work->freed.size() == 1);
+}
+
 TEST(lingering_task_gathers_amendments_until_time_a_waiter_or_more_work) {
   Device d(props(1 << 20), false);
   Stream& s = d.stream(0);
   std::atomic<int> ran{0};
   auto lingering = [&](int64_t linger_ms) {
+    auto work = std::make_shared<RecordingWork>();
+    work->linger = linger_ms * 1'000'000;
     Task t;
     t.name = "group";
     t.run = [&] { ++ran; };
-    t.linger_ns = linger_ms * 1'000'000;
+    t.open = std::move(work);
     s.enqueue(std::move(t));
   };
   // Held back while amended; a waiting host starts it at once.

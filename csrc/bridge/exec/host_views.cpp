@@ -1,4 +1,4 @@
-#include "aliases.h"
+#include "host_views.h"
 
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
@@ -9,7 +9,7 @@
 namespace torchneuron {
 namespace {
 
-at::Tensor alias_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKey key) {
+at::Tensor view_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKey key) {
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), t.dtype());
   auto* impl = out.unsafeGetTensorImpl();
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
@@ -21,18 +21,18 @@ at::Tensor alias_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKe
 
 } // namespace
 
-at::Tensor host_alias(const at::Tensor& t, bool resizable) {
+at::Tensor host_view(const at::Tensor& t, bool resizable) {
   if (!t.defined() || (t.is_cpu() && !resizable)) return t;
-  return DeferredAlias::of(t).make(resizable);
+  return DeferredHostView::of(t).make(resizable);
 }
 
-DeferredAlias DeferredAlias::of(const at::Tensor& t) {
-  DeferredAlias d;
+DeferredHostView DeferredHostView::of(const at::Tensor& t) {
+  DeferredHostView d;
   d.assign(t);
   return d;
 }
 
-void DeferredAlias::assign(const at::Tensor& t) {
+void DeferredHostView::assign(const at::Tensor& t) {
   const c10::Storage& storage = t.storage();
   data = const_cast<void*>(storage.data());
   nbytes = storage.nbytes();
@@ -45,7 +45,7 @@ void DeferredAlias::assign(const at::Tensor& t) {
   wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
 }
 
-at::Tensor DeferredAlias::make(bool resizable) const {
+at::Tensor DeferredHostView::make(bool resizable) const {
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
                        resizable ? c10::GetCPUAllocator() : nullptr, resizable);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
@@ -58,11 +58,11 @@ at::Tensor DeferredAlias::make(bool resizable) const {
   return out;
 }
 
-at::Tensor meta_alias(const at::Tensor& t) {
+at::Tensor meta_view(const at::Tensor& t) {
   if (!t.defined()) return t;
   c10::Storage storage(c10::Storage::use_byte_size_t(), t.storage().nbytes(),
                        c10::DataPtr(nullptr, c10::Device(c10::kMeta)), c10::GetAllocator(c10::kMeta), true);
-  return alias_with(t, std::move(storage), c10::DispatchKey::Meta);
+  return view_with(t, std::move(storage), c10::DispatchKey::Meta);
 }
 
 at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device) {

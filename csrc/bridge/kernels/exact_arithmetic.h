@@ -9,7 +9,7 @@
 // * sigmoid, tanh, exp, log, sqrt, sin, erf, ...: by the very math-library
 //   calls ATen's kernels make, each checked against ATen once per process, or
 //   by the device's own function (float tanh; vector_math.h).
-// A fused group runs a run of them slice by slice in L1 with its own loops,
+// A fused group (../fusion/) runs a run of them slice by slice in L1 with its own loops,
 // instead of one boxed call (and TensorIterator) per member and piece.
 // Everything else, and these operations with type promotion, an alpha other
 // than 1 or a broadcast row, stays with ATen's kernels.
@@ -20,7 +20,6 @@
 #include <optional>
 #include <vector>
 
-#include "elementwise_fusion.h"
 #include "vector_math.h"
 
 namespace torchneuron {
@@ -38,10 +37,6 @@ struct ExactArithmetic {
   std::optional<double> lo, hi;
   const vector_math::Unary* function = nullptr;  // Kind::Function
 };
-
-// The member as exact arithmetic, or nullopt if it needs ATen's kernel.
-// Tensor operands must cover the group whole or be single elements.
-std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call);
 
 // One operand over a slice: `n` elements from `data`, or one element
 // repeated (`step` 0).
@@ -103,7 +98,7 @@ struct ChainProgram {
   std::vector<Output> outputs;
   bool empty() const { return ops.empty(); }
 };
-// `steps` must form a chain (chain_of in elementwise_fusion.cpp): members of
+// `steps` must form a chain (chain_of in ../fusion/execution.cpp): members of
 // one dtype, float or double.
 ChainProgram compile_chain(const std::vector<ChainStep>& steps);
 // Runs the chain over whole chunks of elements [begin, begin + n) of the

@@ -46,8 +46,6 @@
 
 namespace torchneuron {
 
-bool places_results(const std::string& op_name);
-
 // What earlier calls of one operator showed: which request of its size
 // returned each result (numbered in the order of the flattened outputs). The
 // requests a kernel makes depend on its arguments' shapes and layouts

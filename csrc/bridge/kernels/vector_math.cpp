@@ -13,8 +13,8 @@
 #include <mutex>
 #include <type_traits>
 
-#include "../math/sleef_exp.h"
-#include "../math/tanh.h"
+#include "sleef_exp.h"
+#include "tanh.h"
 
 namespace torchneuron::vector_math {
 
@@ -151,8 +151,8 @@ Unary* table_checked_once(size_t* size) {
         fn.vml_double = reinterpret_cast<VmlDouble>(dlsym(lib, fn.vml[1]));
       }
       const bool sigmoid = !fn.vml[0];
-      if (std::strcmp(fn.op, "tanh") == 0 && math::has_own_tanh()) {
-        fn.own_float = math::tanh_float;  // what the unfused kernel computes: no check against ATen
+      if (std::strcmp(fn.op, "tanh") == 0 && kernels::has_own_tanh()) {
+        fn.own_float = kernels::tanh_float;  // what the unfused kernel computes: no check against ATen
         fn.matches[0] = true;
         fn.matches[1] = fn.vml_double != nullptr && check(fn, at::kDouble);
         continue;

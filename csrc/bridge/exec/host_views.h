@@ -1,7 +1,7 @@
-// Aliases of device memory. Device memory is host-addressable, so a CPU tensor
-// over the same bytes lets ATen's CPU kernels run on device tensors inside a
-// device task, with no copy; a meta tensor with the same metadata lets the host
-// compute output sizes before launching.
+// Views of device memory. Device memory is host-addressable, so a CPU tensor
+// over the same bytes (a host view) lets ATen's CPU kernels run on device
+// tensors inside a device task, with no copy; a meta tensor with the same
+// metadata (a meta view) lets the host compute output sizes before launching.
 #pragma once
 
 #include <ATen/Tensor.h>
@@ -15,13 +15,13 @@ namespace torchneuron {
 // `t` (any device) seen as a CPU tensor over the same memory. Undefined stays
 // undefined. `resizable` lets a kernel grow it into fresh host memory, which
 // the caller must then copy back.
-at::Tensor host_alias(const at::Tensor& t, bool resizable = false);
-// A device tensor described by plain metadata, to be made into its host alias
-// later: a queued task makes its aliases when it runs, on the executor, so
-// the host's per-operator path does not pay for them. Like the alias, it
+at::Tensor host_view(const at::Tensor& t, bool resizable = false);
+// A device tensor described by plain metadata, to be made into its host view
+// later: a queued task makes its views when it runs, on the executor, so
+// the host's per-operator path does not pay for them. Like the view, it
 // holds no reference to the device memory (the allocator reuses memory in
 // stream order).
-struct DeferredAlias {
+struct DeferredHostView {
   void* data = nullptr;  // the storage's start
   size_t nbytes = 0;     // the storage's size
   caffe2::TypeMeta dtype;
@@ -29,13 +29,20 @@ struct DeferredAlias {
   int64_t offset = 0;
   bool conj = false, neg = false, wrapped = false;
 
-  static DeferredAlias of(const at::Tensor& device_tensor);
+  static DeferredHostView of(const at::Tensor& device_tensor);
   void assign(const at::Tensor& device_tensor);  // becomes of(device_tensor), in place
   at::Tensor make(bool resizable = false) const;
 };
 
 // `t`'s metadata (sizes, strides, offset, dtype, storage size) on Meta.
-at::Tensor meta_alias(const at::Tensor& t);
+at::Tensor meta_view(const at::Tensor& t);
+
+// A `neuron` Device argument as `type` (a factory's meta pass and its task);
+// any other value as it is.
+inline c10::IValue device_arg_as(const c10::IValue& a, c10::DeviceType type) {
+  if (a.isDevice() && a.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(type);
+  return a;
+}
 
 // A device tensor whose metadata is that of `like` (a meta or CPU tensor).
 at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device);
@@ -58,7 +65,7 @@ void for_each_tensor(const c10::IValue& v, const F& fn) {
   else if (v.isList()) for_each_tensor_in_list(v, fn);
 }
 
-// Device tasks run ATen CPU kernels on aliases below autograd: the aliases
+// Device tasks run ATen CPU kernels on host views below autograd: the views
 // carry no autograd state and a task must record none.
 inline c10::impl::ExcludeDispatchKeyGuard below_autograd() {
   return c10::impl::ExcludeDispatchKeyGuard(c10::autograd_dispatch_keyset_with_ADInplaceOrView);

@@ -35,9 +35,9 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include "device_state.h"
-#include "op_tracking.h"
-#include "ops/aliases.h"
+#include "../device_state.h"
+#include "../exec/host_views.h"
+#include "../op_tracking.h"
 
 namespace torchneuron {
 namespace {
@@ -55,7 +55,7 @@ void launch_python_task(int64_t call, c10::string_view name, at::TensorList tens
 
   std::vector<at::Tensor> host;
   host.reserve(tensors.size());
-  for (const at::Tensor& t : tensors) host.push_back(host_alias(t));
+  for (const at::Tensor& t : tensors) host.push_back(host_view(t));
   std::string task(name);
   record_execution(c10::OperatorName(task, ""), Execution::Queued);
   translate_errors([&] {

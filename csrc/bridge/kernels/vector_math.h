@@ -42,10 +42,9 @@ void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64
 // While alive, MKL runs the calling thread's calls on that thread alone.
 // Fusion calls VML once per slice (1024 elements) from inside its own
 // parallel region. Once torch.set_num_threads has run, which turns MKL's
-// dynamic adjustment off for the whole process, each such call cost about
-// 1 us more (MKL weighing threads for it): the benchmarks' 16M-element chain
-// with tanh took 29-31 ms instead of 20-22. ATen's own calls, one per thread
-// range, barely notice. Results do not change: VML computes each element on
+// dynamic adjustment off for the whole process, MKL weighs threads for each
+// such call, which costs more than a slice's work. ATen's own calls, one per
+// thread range, barely notice. Results do not change: VML computes each element on
 // its own.
 class MklOnThisThread {
  public:

@@ -3,14 +3,11 @@
 //
 // Why: written inline, fused chains compute it in registers while the chain
 // streams its operands, where a library call is a stretch with no memory
-// request in flight (benchmarks/analysis.md, sessions 10-11: the 16M-element
-// chain with sigmoid and tanh went from 0.62-0.70 to 0.77-0.80 of the
-// triad with an inline tanh).
+// request in flight (benchmarks/RESULTS.md, the fused chains).
 //
-// Accuracy: faithfully rounded. Over every float the largest error is
-// 0.968 ulp against tanh computed in double. MKL's, on the CPU, is 0.569 ulp,
-// so the two are the same float or neighbours; they differ on 0.10 % of
-// finite floats (tests/test_tanh.py measures both). NaN in gives the same
+// Accuracy: faithfully rounded (under one ulp against tanh computed in
+// double, over every float), as MKL's on the CPU is, so the two are the same
+// float or neighbours (tests/test_tanh.py measures both; docs/numerics.md). NaN in gives the same
 // NaN, quieted; tanh(-0) is -0.
 //
 // Every element is the same arithmetic, whatever its position or the length
@@ -24,7 +21,7 @@
 
 #include "sleef_exp.h"
 
-namespace torchneuron::math {
+namespace torchneuron::kernels {
 
 #pragma GCC push_options
 #pragma GCC target("avx512f")
@@ -68,4 +65,4 @@ bool has_own_tanh();
 // out[i] = tanh(x[i]) for i < n, on one thread; out may be x.
 void tanh_float(float* out, const float* x, int64_t n);
 
-} // namespace torchneuron::math
+} // namespace torchneuron::kernels

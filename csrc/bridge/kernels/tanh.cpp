@@ -1,6 +1,6 @@
 #include "tanh.h"
 
-namespace torchneuron::math {
+namespace torchneuron::kernels {
 
 bool has_own_tanh() {
   static const bool yes = __builtin_cpu_supports("avx512f");
@@ -16,4 +16,4 @@ __attribute__((target("avx512f"))) void tanh_float(float* out, const float* x, i
   }
 }
 
-} // namespace torchneuron::math
+} // namespace torchneuron::kernels

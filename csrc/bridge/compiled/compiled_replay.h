@@ -97,7 +97,4 @@ class CompiledReplay {
   std::shared_ptr<Program> program_;
 };
 
-// Registers torchneuron._C._CompiledReplay (python_module.cpp).
-void bind_compiled_replay(pybind11::module_& m);
-
 } // namespace torchneuron

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <mutex>
-#include <unordered_set>
 
-#include "aliases.h"
+#include "../torch_patches.h"
+#include "host_views.h"
 
 namespace torchneuron {
 namespace {
@@ -85,7 +85,7 @@ void raw_delete(void* p) {
   if (!outstanding().remove(p)) base_raw_delete(p);
 }
 
-// Wraps the CPU allocator in place at first use: the placing is a property of
+// Wraps the CPU allocator (torch_patches.h, at first use): the placing is a property of
 // the running task (thread-local); every other allocation goes through.
 struct PlacingAllocator final : c10::Allocator {
   c10::Allocator* base;
@@ -120,12 +120,12 @@ struct PlacingAllocator final : c10::Allocator {
 };
 
 void install() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    static PlacingAllocator placing(c10::GetCPUAllocator());
-    base_raw_delete = placing.base->raw_deleter();
-    c10::SetCPUAllocator(&placing, /*priority=*/1);
-  });
+  static PlacingAllocator* placing = [] {
+    auto* p = new PlacingAllocator(c10::GetCPUAllocator());  // never destroyed: deleters may run during exit
+    base_raw_delete = p->base->raw_deleter();
+    return p;
+  }();
+  torch_patches::replace_cpu_allocator(placing);
 }
 
 bool same_view(const at::Tensor& a, const at::Tensor& b) {
@@ -177,19 +177,6 @@ uint64_t call_signature(c10::ArrayRef<c10::IValue> args) {
 }
 
 } // namespace
-
-bool places_results(const std::string& op_name) {
-  static const std::unordered_set<std::string> ops = {
-      "aten::native_layer_norm", "aten::native_layer_norm_backward", "aten::native_group_norm",
-      "aten::native_group_norm_backward", "aten::native_batch_norm", "aten::native_batch_norm_backward",
-      "aten::_native_batch_norm_legit", "aten::_native_batch_norm_legit_no_training",
-      "aten::embedding_dense_backward", "aten::_embedding_bag", "aten::_embedding_bag_dense_backward",
-      "aten::index_select", "aten::_log_softmax_backward_data",
-      "aten::_scaled_dot_product_flash_attention_for_cpu",
-      "aten::_scaled_dot_product_flash_attention_for_cpu_backward", "aten::convolution",
-      "aten::convolution_backward"};
-  return ops.count(op_name) > 0;
-}
 
 PlaceResults::PlaceResults(const std::vector<c10::IValue>& outputs, bool enabled, PlacementHistory* history,
                            c10::ArrayRef<c10::IValue> args)

@@ -21,8 +21,8 @@
 #include <string>
 
 #include "exact_arithmetic.h"
-#include "../math/sleef_exp.h"
-#include "../math/tanh.h"
+#include "sleef_exp.h"
+#include "tanh.h"
 
 namespace torchneuron {
 namespace {
@@ -30,12 +30,10 @@ namespace {
 using Kind = ExactArithmetic::Kind;
 // Vectors per chunk: independent work for the core while one op waits, and
 // one dispatch of each micro-op for all of them. Eight keep acc and arg in 16
-// of the 32 registers (one thread, chains in L1: 14-18 % faster than four;
-// sixteen spill).
+// of the 32 registers (sixteen spill).
 constexpr int kVectors = 8;
 // Memory operands are prefetched this far ahead, a chunk's lines at a time:
-// a chain's compute fills the core's window, leaving few loads in flight
-// (same-process A/B, 16M floats: chains of arithmetic 12-25 % faster).
+// a chain's compute fills the core's window, leaving few loads in flight.
 constexpr int64_t kPrefetchBytes = 4096;
 
 // The loops below are compiled for ATen's AVX512 capability and only ever
@@ -68,7 +66,7 @@ struct Avx512<float> {
   static TORCHNEURON_AVX512 Mask nan(V a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
   static TORCHNEURON_AVX512 V exp(V a) { return exp_like_sleef(a); }  // sigmoid is only chained where
                                                                       // vector_math found it
-  static TORCHNEURON_AVX512 V tanh(V a) { return math::tanh_float16(a); }
+  static TORCHNEURON_AVX512 V tanh(V a) { return kernels::tanh_float16(a); }
 };
 
 template <>

@@ -17,42 +17,11 @@
 #include <cmath>
 #include <cstring>
 #include <string>
-#include <unordered_map>
 
 namespace torchneuron {
 namespace {
 
 using Kind = ExactArithmetic::Kind;
-
-const std::unordered_map<std::string, Kind>& kinds() {
-  static const std::unordered_map<std::string, Kind> k = {
-      {"add", Kind::Add}, {"sub", Kind::Sub}, {"mul", Kind::Mul},       {"div", Kind::Div},
-      {"neg", Kind::Neg}, {"abs", Kind::Abs}, {"relu", Kind::Clamp},    {"clamp", Kind::Clamp},
-      {"clamp_min", Kind::Clamp}, {"clamp_max", Kind::Clamp}, {"reciprocal", Kind::Reciprocal}};
-  return k;
-}
-
-// A real Scalar (ATen wraps it as a double, int64 or bool tensor), or a bound
-// that is a number: clamp with a NaN bound fills NaN, which is left to ATen.
-bool real(const c10::Scalar& s) {
-  return !s.isComplex() && !(s.isFloatingPoint() && std::isnan(s.toDouble()));
-}
-
-// A Scalar `other` as TensorIterator converts the number ATen wraps it in.
-template <typename T>
-T wrapped(const c10::Scalar& s) {
-  return s.isFloatingPoint() ? T(s.toDouble()) : s.isBoolean() ? T(s.toBool()) : T(s.toLong());
-}
-
-// A clamp bound as ATen's kernel converts it (Scalar::to, which refuses an
-// overflow: then nullopt, and ATen raises it).
-std::optional<double> bound(const c10::Scalar& s, c10::ScalarType dtype) {
-  try {
-    return dtype == at::kFloat ? double(s.to<float>()) : s.to<double>();
-  } catch (const c10::Error&) {
-    return std::nullopt;
-  }
-}
 
 // out[i] = f(x[i], y[i]) for i < n, where a `Full` operand steps through
 // memory and a single one (step 0) is read once. With `Check`, returns
@@ -137,66 +106,6 @@ bool run_typed(const ExactArithmetic& op, T* out, SliceOperand a, SliceOperand b
 
 } // namespace
 
-std::optional<ExactArithmetic> exact_arithmetic_of(const ElementwiseCall& call) {
-  const auto& schema = call.op.schema();
-  std::string base = schema.name().substr(6);  // after "aten::"
-  const bool inplace = !base.empty() && base.back() == '_';
-  if (inplace) base.pop_back();
-  auto kind = kinds().find(base);
-  ExactArithmetic op{kind == kinds().end() ? Kind::Function : kind->second, c10::ScalarType::Undefined, -1, -1, -1};
-  auto arg = [&](const char* name) -> const c10::IValue* {
-    auto i = schema.argumentIndexWithName(name);
-    return i && *i < call.args.size() ? &call.args[*i] : nullptr;
-  };
-  auto index = [&](const char* name) { return int(*schema.argumentIndexWithName(name)); };
-  const c10::IValue* self = arg("self");
-  if (!self || !self->isTensor()) return std::nullopt;
-  op.self = index("self");
-  op.out = inplace ? op.self : arg("out") ? index("out") : -1;
-  if (op.out == -1 && call.results.size() != 1) return std::nullopt;
-  const at::Tensor& out = op.out == -1 ? call.results[0] : call.args[op.out].toTensor();
-  op.dtype = out.scalar_type();
-  if (op.dtype != at::kFloat && op.dtype != at::kDouble) return std::nullopt;
-
-  if (const c10::IValue* alpha = arg("alpha");
-      alpha && (alpha->toScalar().isBoolean() || !real(alpha->toScalar()) || alpha->toScalar().toDouble() != 1.0))
-    return std::nullopt;  // a bool alpha is ATen's error to raise
-  if (const c10::IValue* mode = arg("rounding_mode"); mode && !mode->isNone()) return std::nullopt;
-  if (const c10::IValue* other = arg("other")) {
-    if (other->isTensor()) {
-      op.other = index("other");
-    } else if (other->isScalar() && real(other->toScalar())) {
-      op.scalar = op.dtype == at::kFloat ? wrapped<float>(other->toScalar()) : wrapped<double>(other->toScalar());
-    } else {
-      return std::nullopt;
-    }
-  }
-  if (base == "relu") op.lo = 0.0;
-  for (auto [name, limit] : {std::pair{"min", &op.lo}, std::pair{"max", &op.hi}}) {
-    const c10::IValue* v = arg(name);
-    if (!v || v->isNone()) continue;
-    if (!v->isScalar() || !real(v->toScalar())) return std::nullopt;  // a Tensor bound, a NaN
-    *limit = bound(v->toScalar(), op.dtype);
-    if (!*limit) return std::nullopt;
-  }
-  if (op.kind == Kind::Clamp && !op.lo && !op.hi) return std::nullopt;
-  if (op.kind == Kind::Function) {
-    const at::Tensor& x = call.args[op.self].toTensor();
-    if (schema.arguments().size() != (arg("out") ? 2 : 1) || x.scalar_type() != op.dtype || x.numel() != out.numel())
-      return std::nullopt;
-    op.function = vector_math::as_unfused(base, op.dtype);
-    if (!op.function) return std::nullopt;
-  }
-
-  // No type promotion: every tensor of more than zero dimensions has the
-  // result's dtype, and 0-dim ones (which weigh less) are real numbers.
-  for (int i : {op.self, op.other}) {
-    if (i < 0) continue;
-    const at::Tensor& t = call.args[i].toTensor();
-    if (t.dim() == 0 ? c10::isComplexType(t.scalar_type()) : t.scalar_type() != op.dtype) return std::nullopt;
-  }
-  return op;
-}
 
 namespace {
 

@@ -4,18 +4,18 @@
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
 
-#include "allocator.h"
-#include "compiled_replay.h"
-#include "device_state.h"
-#include "generator.h"
-#include "fusion/elementwise_fusion.h"
-#include "fusion/vector_math.h"
-#include "math/tanh.h"
-#include "op_tracking.h"
-#include "ops/kernels.h"
-#include "ops/meta_cache.h"
-#include "ops/result_placement.h"
-#include "python_tasks.h"
+#include "../allocator.h"
+#include "../compiled/python_tasks.h"
+#include "../device_state.h"
+#include "../exec/fuser.h"
+#include "../exec/meta.h"
+#include "../exec/result_placement.h"
+#include "../generator.h"
+#include "../kernels/tanh.h"
+#include "../kernels/vector_math.h"
+#include "../op_tracking.h"
+#include "../ops/kernels.h"
+#include "bindings.h"
 
 namespace py = pybind11;
 using namespace torchneuron;
@@ -115,7 +115,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
-  m.def("_has_own_tanh", &math::has_own_tanh);  // the device's float32 tanh (math/tanh.h)
+  m.def("_has_own_tanh", &kernels::has_own_tanh);  // the device's float32 tanh (math/tanh.h)
   m.def("_fusion_computes_as_unfused", [](const std::string& op, at::ScalarType dtype) {
     return vector_math::as_unfused(op, dtype) != nullptr;
   });

@@ -2,7 +2,7 @@
 // operands are small (element-wise arithmetic, relu, sum, cat, index, mm,
 // addmm).
 //
-// Every other call reaches device_fallback.cpp boxed: the dispatcher copies
+// Every other call reaches the executor (../exec/executor.h) boxed: the dispatcher copies
 // each argument onto an IValue stack, and the executor keys its cached meta
 // pass on them. For a tensor that Python holds, each such copy and its drop
 // takes the GIL (PyTorch keeps a tensor's PyObject alive while C++ holds a
@@ -36,9 +36,10 @@
 
 #include "../allocator.h"
 #include "../device_state.h"
-#include "../fusion/elementwise_fusion.h"
+#include "../exec/executor.h"
+#include "../exec/fuser.h"
+#include "../exec/host_views.h"
 #include "../op_tracking.h"
-#include "aliases.h"
 #include "kernels.h"
 
 namespace torchneuron::ops {
@@ -103,7 +104,7 @@ struct Op {
     torch::jit::Stack stack;
     stack.reserve(sizeof...(args));
     (stack.emplace_back(args), ...);
-    device_fallback(handle, &stack);
+    execute(handle, &stack);
     return std::move(stack.back()).toTensor();
   }
 

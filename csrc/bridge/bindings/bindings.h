@@ -1,0 +1,11 @@
+// The pieces of torchneuron._C defined outside python_module.cpp.
+#pragma once
+
+#include <torch/csrc/utils/pybind.h>
+
+namespace torchneuron {
+
+// torchneuron._C._CompiledReplay (compiled_replay_bindings.cpp).
+void bind_compiled_replay(pybind11::module_& m);
+
+} // namespace torchneuron

@@ -1,0 +1,363 @@
+#include "launch.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <mutex>
+#include <utility>
+
+#include "../device_state.h"
+#include "../generator.h"
+#include "../kernels/device_ops.h"
+#include "fuser.h"
+#include "host_views.h"
+#include "op_policy.h"
+#include "result_placement.h"
+#include "storage_resize.h"
+
+namespace torchneuron {
+namespace {
+
+// Warnings of a queued task are dropped: the host-side meta pass of the same
+// call already ran the checks that warn, and an executor thread has no Python
+// frame to attribute a warning to.
+struct DropWarnings final : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+// A host tensor argument as a device task sees it: a snapshot taken at the
+// launch, as a copy to the device would be.
+at::Tensor snapshot(const at::Tensor& host_tensor) {
+  auto copy = host_tensor.clone();
+  if (host_tensor.unsafeGetTensorImpl()->is_wrapped_number()) copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return copy;
+}
+
+// Host-side form of an argument for a device task: device tensors become
+// host views; host tensors (scalars, indices) are snapshotted now, as a copy to
+// the device at launch would; generators become this op's claimed engine.
+c10::IValue task_arg(const c10::IValue& a, size_t i, const OpPolicy& policy, c10::DeviceIndex device,
+                     bool snapshot_host, bool resizable) {
+  if (policy.is_generator(i))
+    return claim_engine(a.isNone() ? std::nullopt : std::optional<at::Generator>(a.toGenerator()), device);
+  if (a.isDevice()) return device_arg_as(a, c10::kCPU);
+  return map_tensors(a, [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (t.device().type() == kNeuron) return host_view(t, resizable);
+    return snapshot_host ? snapshot(t) : t;
+  });
+}
+
+// What a queued task gets: host values now, device tensors as metadata only
+// (DeferredHostView: the task makes their views when it runs), whether they
+// are arguments of their own or elements of a Tensor[] / Tensor?[] list.
+struct TaskValues {
+  struct Deferred {
+    size_t index = 0;     // into values
+    int64_t element = -1; // the list element it fills, or -1 for values[index] itself
+    DeferredHostView view;
+  };
+  std::vector<c10::IValue> values;
+  c10::SmallVector<Deferred, 3> deferred;
+
+  void add(const at::Tensor& device_tensor) {
+    defer(values.size(), -1, device_tensor);
+    values.emplace_back();
+  }
+  // A list whose device tensors are left empty (undefined or None) until
+  // make(); host tensors in it are snapshotted.
+  void add_list(const c10::IValue& list) {
+    const size_t index = values.size();
+    auto element = [&](const at::Tensor& t, int64_t k) {
+      if (!t.defined() || t.device().type() != kNeuron) return t.defined() ? snapshot(t) : t;
+      defer(index, k, t);
+      return at::Tensor();
+    };
+    if (list.isTensorList()) {
+      c10::List<at::Tensor> tensors = list.toTensorList(), copy;
+      copy.reserve(tensors.size());
+      for (size_t k = 0; k < tensors.size(); ++k) copy.push_back(element(tensors[k], static_cast<int64_t>(k)));
+      values.emplace_back(std::move(copy));
+    } else {
+      c10::List<std::optional<at::Tensor>> tensors = list.toOptionalTensorList(), copy;
+      copy.reserve(tensors.size());
+      for (size_t k = 0; k < tensors.size(); ++k) {
+        std::optional<at::Tensor> t = tensors[k];
+        copy.push_back(t ? std::optional<at::Tensor>(element(*t, static_cast<int64_t>(k))) : std::nullopt);
+      }
+      values.emplace_back(std::move(copy));
+    }
+  }
+  void make(bool resizable = false) {
+    for (const auto& d : deferred) {
+      if (d.element < 0) values[d.index] = d.view.make(resizable);
+      else values[d.index].toList().set(d.element, d.view.make(resizable));
+    }
+    deferred.clear();
+  }
+
+ private:
+  void defer(size_t index, int64_t element, const at::Tensor& device_tensor) {
+    auto& d = deferred.emplace_back();  // in place: a DeferredHostView is large to move
+    d.index = index;
+    d.element = element;
+    d.view.assign(device_tensor);
+  }
+};
+
+// Everything one queued call hands its task. The host fills it and the
+// executor releases it: glibc's per-thread caches serve such cross-thread
+// pairs only through the locked arena, at hundreds of instructions a block,
+// so records are recycled instead, vectors keeping their capacity.
+struct Launch {
+  TaskValues task_args, outputs;
+};
+
+// Recycled records. Each thread keeps its own few and trades them with the
+// shared list a batch at a time: the host takes records and the executor
+// gives them back, and one lock per record would pass the lock's cache line
+// between the two cores at every launch.
+class LaunchPool {
+ public:
+  static LaunchPool& instance() {
+    static LaunchPool* pool = new LaunchPool();  // never destroyed: executors may outlive statics
+    return *pool;
+  }
+
+  Launch* take() {
+    Local& local = local_records();
+    if (local.records.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const size_t n = std::min(kBatch, shared_.size());
+      local.records.assign(shared_.end() - n, shared_.end());
+      shared_.resize(shared_.size() - n);
+    }
+    if (local.records.empty()) return new Launch();
+    Launch* l = local.records.back();
+    local.records.pop_back();
+    return l;
+  }
+  void give(Launch* l) {
+    for (TaskValues* v : {&l->task_args, &l->outputs}) {
+      v->values.clear();
+      v->deferred.clear();
+    }
+    Local& local = local_records();
+    local.records.push_back(l);
+    if (local.records.size() >= 2 * kBatch) give_back(local, kBatch);
+  }
+
+ private:
+  static constexpr size_t kBatch = 32;
+  static constexpr size_t kKept = 1024;  // about the most tasks a burst keeps in flight
+
+  struct Local {
+    std::vector<Launch*> records;
+    ~Local() { instance().give_back(*this, records.size()); }  // a thread that ends hands its records on
+  };
+  static Local& local_records() {
+    static thread_local Local local;
+    return local;
+  }
+  void give_back(Local& local, size_t n) {
+    auto first = local.records.end() - static_cast<std::ptrdiff_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = first; it != local.records.end(); ++it) {
+        if (shared_.size() < kKept) shared_.push_back(*it);
+        else delete *it;
+      }
+    }
+    local.records.erase(first, local.records.end());
+  }
+
+  std::mutex mu_;
+  std::vector<Launch*> shared_;
+};
+
+// Owns a Launch for the task's closure.
+class LaunchRef {
+ public:
+  LaunchRef() : p_(LaunchPool::instance().take()) {}
+  LaunchRef(const LaunchRef&) = delete;
+  LaunchRef(LaunchRef&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  LaunchRef& operator=(const LaunchRef&) = delete;
+  LaunchRef& operator=(LaunchRef&&) = delete;
+  ~LaunchRef() {
+    if (p_) LaunchPool::instance().give(p_);
+  }
+  Launch* operator->() const { return p_; }
+
+ private:
+  Launch* p_;
+};
+
+} // namespace
+
+void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
+                   c10::DeviceIndex device, const std::vector<c10::IValue>& meta,
+                   const std::vector<at::Tensor>& meta_written) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size(), r = schema.returns().size();
+  auto args = torch::jit::last(*stack, n);
+  for (size_t k = 0; k < policy.written.size(); ++k)
+    if (meta_written[k].defined()) adopt_metadata(args[policy.written[k]].toTensor(), meta_written[k]);
+
+  LaunchRef launch;
+  TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
+  c10::SmallVector<c10::IValue, 4> results(r);
+  outputs.values.reserve(r);
+  task_args.values.reserve(n + r);  // out= calls push their outputs onto it
+  bool large = false;  // worth fusing
+  const int64_t fusable = min_fusable_numel();
+  auto note = [&](const c10::IValue& v) { large |= v.isTensor() && v.toTensor().numel() >= fusable; };
+  for (size_t i = 0; i < r; ++i) {
+    if (policy.source[i] >= 0) {
+      results[i] = args[policy.source[i]];
+    } else {
+      auto empty_like = [&](const at::Tensor& m) { return m.defined() ? empty_like_on(m, device) : m; };
+      results[i] = meta[i].isTensor() ? c10::IValue(empty_like(meta[i].toTensor())) : map_tensors(meta[i], empty_like);
+      note(results[i]);
+      if (results[i].isTensor() && results[i].toTensor().defined())
+        outputs.add(results[i].toTensor());
+      else
+        outputs.values.push_back(map_tensors(results[i], [](const at::Tensor& t) { return host_view(t); }));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    note(args[i]);
+    const bool device_tensor =
+        args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().device().type() == kNeuron;
+    if (device_tensor && !policy.is_generator(i))
+      task_args.add(args[i].toTensor());
+    else if (policy.is_tensor_list[i] && args[i].isList())
+      task_args.add_list(args[i]);
+    else
+      task_args.values.push_back(task_arg(args[i], i, policy, device, true, false));
+  }
+
+  // A functional op whose out= overload exists writes straight into its
+  // outputs; otherwise its results are copied into them.
+  bool all_defined = true;
+  for (size_t i = 0; i < r; ++i)
+    all_defined &= policy.source[i] >= 0 || (results[i].isTensor() && results[i].toTensor().defined());
+  const size_t fresh = outputs.values.size();
+  auto out_op = all_defined && fresh == r && r > 0 ? policy.out_op : std::nullopt;
+  rt::Stream& stream = current_runtime_stream(device);
+  if (policy.fusion != Fusion::None && large && all_defined && adaptive_eager_enabled()) {
+    task_args.make();
+    outputs.make();
+    ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, &policy};
+    if (out_op)
+      call.args.insert(call.args.end(), outputs.values.begin(), outputs.values.end());
+    else
+      for (const auto& o : outputs.values) call.results.push_back(o.toTensor());
+    if (translate_errors([&] { return offer_to_fuser(stream, call); })) {
+      torch::jit::drop(*stack, n);
+      for (auto& v : results) stack->push_back(std::move(v));
+      return;
+    }
+  }
+  if (!out_op && all_defined && fresh == r && r > 0 && policy.equivalent_out && policy.equivalent_out->applies(args)) {
+    out_op = policy.equivalent_out->out_op;
+    const auto& extra = policy.equivalent_out->extra_args;
+    task_args.values.insert(task_args.values.end(), extra.begin(), extra.end());
+  }
+  translate_errors([&] {
+    stream.enqueue(
+        rt::TaskName::borrow(policy.task_name),  // policies live as long as the process
+        [op, out_op, &policy, launch = std::move(launch)] {
+          TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
+          auto guard = below_autograd();
+          static DropWarnings drop;
+          c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+          task_args.make();
+          torch::jit::Stack& s = task_args.values;  // in place: the record keeps its capacity
+          if (out_op) {
+            // Some out= kernels resize their output as scratch (mse_loss.out):
+            // they get resizable host views, and results that moved come back.
+            std::vector<at::Tensor> flexible;
+            for (auto& o : outputs.values)
+              flexible.push_back(o.isTensor() ? host_view(o.toTensor(), /*resizable=*/true) : at::Tensor());
+            for (const auto& d : outputs.deferred) flexible[d.index] = d.view.make(/*resizable=*/true);
+            for (auto& f : flexible) s.push_back(f);
+            call_kernel(*out_op, &s);
+            for (const auto& d : outputs.deferred)
+              if (flexible[d.index].storage().data() != d.view.data) d.view.make().copy_(flexible[d.index]);
+            return;
+          }
+          outputs.make();
+          PlaceResults placing(outputs.values, policy.place_results, policy.learned.placement.get(), s);
+          call_kernel(op, &s);
+          std::vector<c10::IValue> results;
+          for (size_t i = 0; i < s.size(); ++i)
+            if (policy.source[i] < 0) results.push_back(std::move(s[i]));
+          s.clear();
+          placing.settle(std::move(results));
+        });
+  });
+  torch::jit::drop(*stack, n);
+  for (auto& v : results) stack->push_back(std::move(v));
+}
+
+void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
+                       c10::DeviceIndex device) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size(), r = schema.returns().size();
+  translate_errors([&] { current_runtime_stream(device).synchronize(); });
+  std::vector<c10::IValue> originals(stack->end() - n, stack->end());
+  for (size_t i = 0; i < n; ++i) {
+    (*stack)[stack->size() - n + i] = task_arg(originals[i], i, policy, device, false, policy.writes(i));
+  }
+  std::vector<c10::IValue> views(stack->end() - n, stack->end());
+  {
+    auto guard = below_autograd();
+    call_kernel(op, stack);
+  }
+  // Written arguments the kernel resized into fresh host memory come back.
+  for (size_t i : policy.written) {
+    if (!originals[i].isTensor()) continue;
+    const at::Tensor& d = originals[i].toTensor();
+    const at::Tensor& a = views[i].toTensor();
+    if (a.storage().data() != d.storage().data()) {
+      adopt_metadata(d, a);
+      translate_errors([&] { current_runtime_stream(device).synchronize(); });
+      host_view(d).copy_(a);
+    } else {
+      adopt_metadata(d, a);
+    }
+  }
+  for (size_t i = 0; i < r; ++i) {
+    auto& ret = (*stack)[stack->size() - r + i];
+    if (policy.source[i] >= 0) {
+      ret = originals[policy.source[i]];
+      continue;
+    }
+    ret = map_tensors(ret, [&](const at::Tensor& t) {
+      if (!t.defined() || !t.is_cpu()) return t;
+      at::Tensor d = empty_like_on(t, device);
+      host_view(d).copy_(t);
+      return d;
+    });
+  }
+}
+
+void adopt_metadata(const at::Tensor& d, const at::Tensor& m) {
+  if (d.sizes() == m.sizes() && d.strides() == m.strides() && d.storage_offset() == m.storage_offset()) return;
+  size_t needed = at::detail::computeStorageNbytes(m.sizes(), m.strides(), d.itemsize(), m.storage_offset());
+  if (needed > d.storage().nbytes()) resize_storage_bytes(d.storage(), needed);
+  d.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
+}
+
+void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  switch (op_policy(op).device_op) {
+    case DeviceOp::Tanh:
+      if (device_ops::tanh(op, stack)) return;
+      break;
+    case DeviceOp::None:
+      break;
+  }
+  op.callBoxed(stack);
+}
+
+} // namespace torchneuron

@@ -1,0 +1,229 @@
+#include "meta.h"
+
+#include <c10/core/DefaultDtype.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "host_views.h"
+#include "op_policy.h"
+
+namespace torchneuron {
+namespace {
+
+constexpr size_t kCapacity = 8192;  // signatures; the cache restarts when full
+
+enum Tag : int64_t { kNone = 1, kTensor, kUndefined, kInt, kDouble, kBool, kString, kList, kDevice, kOther };
+
+int64_t bits(double d) {
+  int64_t b;
+  std::memcpy(&b, &d, sizeof b);
+  return b;
+}
+
+void key_tensor(const at::Tensor& t, std::vector<int64_t>& w) {
+  if (!t.defined()) return w.push_back(kUndefined);
+  const auto* impl = t.unsafeGetTensorImpl();
+  const c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+  const size_t dim = sizes.size(), at = w.size();
+  w.resize(at + 7 + 2 * dim);  // one size check, then plain stores
+  int64_t* k = w.data() + at;
+  *k++ = kTensor;
+  *k++ = static_cast<int64_t>(t.scalar_type());
+  *k++ = static_cast<int64_t>(t.device().type());
+  *k++ = (impl->is_wrapped_number() ? 1 : 0) | (t.is_conj() ? 2 : 0) | (t.is_neg() ? 4 : 0);
+  *k++ = static_cast<int64_t>(dim);
+  k = std::copy(sizes.begin(), sizes.end(), k);
+  k = std::copy(strides.begin(), strides.end(), k);
+  *k++ = impl->storage_offset();
+  *k = impl->has_storage() ? static_cast<int64_t>(impl->storage().nbytes()) : -1;
+}
+
+bool key_value(const c10::IValue& v, bool float_values, std::vector<int64_t>& w) {
+  if (v.isNone()) {
+    w.push_back(kNone);
+  } else if (v.isTensor()) {
+    key_tensor(v.toTensor(), w);
+  } else if (v.isInt()) {
+    w.push_back(kInt);
+    w.push_back(v.toInt());
+  } else if (v.isDouble()) {
+    w.push_back(kDouble);
+    w.push_back(float_values ? bits(v.toDouble()) : 0);
+  } else if (v.isBool()) {
+    w.push_back(kBool);
+    w.push_back(v.toBool());
+  } else if (v.isString()) {
+    w.push_back(kString);
+    w.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+  } else if (v.isDevice()) {
+    w.push_back(kDevice);
+    w.push_back(static_cast<int64_t>(v.toDevice().type()) * 1000 + v.toDevice().index());
+  } else if (v.isList()) {
+    auto list = v.toListRef();
+    w.push_back(kList);
+    w.push_back(static_cast<int64_t>(list.size()));
+    for (const auto& e : list)
+      if (!key_value(e, float_values, w)) return false;
+  } else if (v.isSymInt() || v.isSymFloat() || v.isSymBool() || v.isComplexDouble()) {
+    return false;  // symbolic or rare: not worth keying
+  } else {
+    return false;
+  }
+  return true;
+}
+
+struct SignatureHash {
+  size_t operator()(const MetaSignature& s) const { return s.hash; }
+};
+
+struct Cache {
+  std::mutex mu;
+  std::unordered_map<MetaSignature, std::shared_ptr<const MetaResult>, SignatureHash> entries;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();
+  return *c;
+}
+
+} // namespace
+
+bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                    const std::vector<size_t>& skip, bool float_values_free, MetaSignature& out) {
+  out.schema = &op.schema();
+  out.words.clear();
+  out.words.reserve(16 * args.size());  // no regrowth on the per-operator path
+  // Factories without a dtype take the default dtype: part of the signature.
+  out.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
+    if (!key_value(args[i], !float_values_free, out.words)) return false;
+  }
+  uint64_t h = reinterpret_cast<uintptr_t>(out.schema);
+  for (int64_t x : out.words) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull;  // FNV-style, per word
+  out.hash = static_cast<size_t>(h ^ (h >> 29));
+  return true;
+}
+
+std::shared_ptr<const MetaResult> meta_cache_find(const MetaSignature& sig) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.entries.find(sig);
+  return it == c.entries.end() ? nullptr : it->second;
+}
+
+void meta_cache_insert(MetaSignature sig, std::shared_ptr<const MetaResult> result) {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (c.entries.size() >= kCapacity) c.entries.clear();
+  c.entries.insert_or_assign(std::move(sig), std::move(result));
+}
+
+size_t meta_cache_entries() {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.entries.size();
+}
+
+namespace {
+
+// Which failure an exception of a meta pass is. Typed where PyTorch's types
+// tell (a missing kernel is a NotImplementedError from the dispatcher), by
+// the words PyTorch's meta functions use where they do not; the executor
+// tests pin both classes (tests/test_executor.py), so a PyTorch upgrade that
+// changes them fails loudly instead of queuing less.
+MetaFailure classify(const c10::OperatorHandle& op, const std::exception& e) {
+  const std::string what = e.what();
+  if (what.find("data-independent") != std::string::npos || what.find("data-dependent") != std::string::npos ||
+      what.find("DynamicOutputShape") != std::string::npos)
+    return MetaFailure::DataDependent;
+  const bool not_implemented = dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr;
+  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta) ||
+      (not_implemented && what.find("'Meta' backend") != std::string::npos))
+    return MetaFailure::NoMetaKernel;
+  return MetaFailure::Other;
+}
+
+} // namespace
+
+MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10::ArrayRef<c10::IValue> args,
+                     std::shared_ptr<const MetaResult>& result) {
+  // The key is built in per-thread scratch whose words keep their capacity:
+  // a hit allocates nothing.
+  static thread_local MetaSignature scratch;
+  const bool cacheable = meta_signature(op, args, policy.generators, policy.float_values_free, scratch);
+  if (cacheable) {
+    if ((result = meta_cache_find(scratch))) return MetaFailure::None;
+  }
+  MetaSignature sig;  // the meta kernel may reach this thread's scratch again
+  if (cacheable) sig = scratch;
+  torch::jit::Stack meta;
+  std::vector<at::Tensor> meta_written;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (policy.is_generator(i)) {
+      meta.emplace_back();
+      continue;
+    }
+    // CPU scalars stay on the CPU, as kernels (and Python meta functions)
+    // expect them next to device tensors.
+    meta.push_back(map_tensors(device_arg_as(args[i], c10::kMeta), [](const at::Tensor& t) {
+      return t.defined() && t.is_cpu() && t.dim() == 0 ? t : meta_view(t);
+    }));
+  }
+  for (size_t i : policy.written)
+    meta_written.push_back(meta[i].isTensor() ? meta[i].toTensor() : at::Tensor());
+  MetaFailure failure;
+  try {
+    auto guard = below_autograd();
+    op.callBoxed(&meta);
+    result = std::make_shared<const MetaResult>(MetaResult{std::move(meta), std::move(meta_written)});
+    if (cacheable) meta_cache_insert(std::move(sig), result);
+    return MetaFailure::None;
+  } catch (const std::exception& e) {
+    failure = classify(op, e);
+    if (std::getenv("TORCHNEURON_DEBUG_META"))
+      std::fprintf(stderr, "[torchneuron] meta pass of %s failed: %s\n", op.schema().name().c_str(), e.what());
+  }
+  if (failure == MetaFailure::NoMetaKernel) policy.learned.no_meta = true;
+  return failure;
+}
+
+uint64_t verification_signature(c10::ArrayRef<c10::IValue> args) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+  auto tensor = [&](const at::Tensor& t) {
+    mix(t.defined() ? 1 + 8 * (static_cast<uint64_t>(t.scalar_type()) + 64 * (t.dim() + 64 * (t.numel() == 0))) : 0);
+  };
+  for (const auto& a : args) {
+    mix(a.isNone() ? 17 : 19);
+    if (a.isTensor()) tensor(a.toTensor());
+    else if (a.isBool()) mix(a.toBool() ? 3 : 5);
+    else if (a.isInt()) mix(static_cast<uint64_t>(a.toInt()) * 7 + 11);
+    else if (a.isString()) mix(std::hash<std::string>()(a.toStringRef()));
+    else if (a.isTensorList()) { mix(a.toTensorList().size()); for (const at::Tensor& t : a.toTensorList()) tensor(t); }
+    else if (a.isList()) { for (const c10::IValue& e : a.toList()) if (e.isTensor()) tensor(e.toTensor()); else mix(e.isNone()); }
+  }
+  return h;
+}
+
+bool results_match_meta(const OpPolicy& policy, c10::ArrayRef<c10::IValue> results, c10::ArrayRef<c10::IValue> meta) {
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (policy.source[i] >= 0) continue;
+    std::vector<at::Tensor> a, b;
+    for_each_tensor(results[i], [&](const at::Tensor& t) { a.push_back(t); });
+    for_each_tensor(meta[i], [&](const at::Tensor& t) { b.push_back(t); });
+    if (a.size() != b.size()) return false;
+    for (size_t k = 0; k < a.size(); ++k) {
+      if (a[k].defined() != b[k].defined()) return false;
+      if (a[k].defined() && (a[k].sizes() != b[k].sizes() || a[k].scalar_type() != b[k].scalar_type())) return false;
+    }
+  }
+  return true;
+}
+
+} // namespace torchneuron
