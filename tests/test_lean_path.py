@@ -1,6 +1,6 @@
-"""The lean path (csrc/bridge/ops/small_ops.cpp): small `+ - * /`, relu, sum,
-cat, `x[index]`, mm and addmm run without a meta pass, bit for bit the CPU's;
-calls it does not take go to the generic executor and agree too."""
+"""The lean path: small `+ - * /`, relu, sum, cat, `x[index]`, mm and addmm run
+without a meta pass, bit for bit the CPU's; calls it does not take go to the
+generic executor and agree too."""
 import re
 
 import pytest
