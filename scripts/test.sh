@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite, set-up included: runtime C++ unit tests, then pytest.
-# Extra arguments go to pytest (e.g. scripts/test.sh tests/test_streams.py -x).
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/test_guard_and_streams.py -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup_env.sh

@@ -6,6 +6,9 @@ import textwrap
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# Seed of the small models and inputs that tests run on `neuron` and on the CPU.
+SEED = 7
+
 
 def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter (for environment variables read at start-up, fork, autoload)."""

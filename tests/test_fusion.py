@@ -44,7 +44,7 @@ def _busy(device="neuron", repeats=2):
 
 class _DeviceTanh(torch.autograd.Function):
     """Float32 tanh on the CPU as the device computes it (its own function,
-    within one ulp of MKL's; tests/test_tanh.py), with autograd's own
+    within one ulp of MKL's; tests/test_device_tanh.py), with autograd's own
     backward formula. A program's later operators can magnify a one-ulp
     difference far past any fixed tolerance (tanh near 1, then its gradient
     1 - y^2), so the CPU side of the fuzzer takes the device's tanh and

@@ -1,8 +1,9 @@
 """The differential OpInfo sweep (see sweep.py) as a test.
 
-Writes tests/opinfo/REPORT.md and tests/opinfo/results.json, and fails if the
-pass rate falls below tests/opinfo/baseline.json, or if any operator needed the
-synchronous fallback when the baseline says none did.
+Writes tests/opinfo/REPORT.md (committed) and tests/opinfo/results.json (raw,
+git-ignored), and fails if the pass rate falls below tests/opinfo/baseline.json,
+or if any operator needed the synchronous fallback when the baseline says none
+did.
 
 OPINFO_MAX_SAMPLES overrides the per-(operator, dtype, direction) sample cap
 (0: every sample; slow). OPINFO_REPORT_DIR writes the report elsewhere.

@@ -1,0 +1,139 @@
+"""The generic executor: operators queued after a meta pass (cached per argument
+signature), results written through out= overloads, views, 64-bit types kept
+exact, multi-output operators checked against their meta kernel, the
+synchronous fallback for data-dependent sizes, errors raised at the next
+synchronising call, and NEURON_LAUNCH_BLOCKING."""
+import time
+
+import pytest
+import torch
+
+from neuron_testing import SEED, run_python
+
+
+def test_relu_runs_as_clamp_min_out_and_keeps_its_bool_error():
+    # A queued relu writes into its output through clamp_min.out (the CPU
+    # kernel's own definition); bool inputs still get relu's error.
+    for dtype in (torch.float32, torch.float64, torch.int64, torch.int8, torch.bfloat16):
+        x = (torch.randn(3, 5) * 10).to(dtype)
+        for t in (x, x.t(), x[:, ::2]):
+            want = torch.relu(t)
+            got = torch.relu(t.to("neuron"))
+            assert got.stride() == want.stride()
+            assert torch.equal(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="aten::relu.*Boolean inputs not supported for relu"):
+        torch.relu(torch.tensor([True, False], device="neuron"))
+        torch.neuron.synchronize()
+
+
+def test_views_share_memory_and_in_place_updates_are_visible():
+    base = torch.zeros(4, 6, device="neuron")
+    v = base.t()[1:3]
+    assert v.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+    v.fill_(5)
+    row = base[2]
+    row.add_(1)
+    expected = torch.zeros(4, 6)
+    expected.t()[1:3].fill_(5)
+    expected[2].add_(1)
+    assert torch.equal(base.cpu(), expected)
+    assert torch.equal(base.view(24)[:6].cpu(), expected.view(24)[:6])
+
+
+def test_64_bit_types_are_exact():
+    big = torch.tensor([2**53 + 1, -(2**62) + 7, 123456789012345], dtype=torch.int64)
+    assert torch.equal((big.neuron() * 3 - 5).cpu(), big * 3 - 5)
+    x = torch.tensor([1e-300, 1.0 + 2**-52, 3.141592653589793], dtype=torch.float64)
+    assert torch.equal((x.neuron() * 1.5).cpu(), x * 1.5)
+    assert x.neuron().sum().item() == x.sum().item()
+
+
+def test_log_softmax_backward_of_a_transposed_gradient():
+    # The meta function gives the result the gradient's strides; the CPU out=
+    # kernel would then write a transposed result as if contiguous.
+    g, x = torch.randn(64, 64).t(), torch.randn(64, 64)
+    out = torch.log_softmax(x, -1)
+    expected = torch.ops.aten._log_softmax_backward_data(g, out, -1, torch.float32)
+    got = torch.ops.aten._log_softmax_backward_data(g.to("neuron"), out.to("neuron"), -1, torch.float32)
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_foreach_update_is_one_task_and_new_float_values_reuse_its_meta():
+    """An in-place foreach op (the optimizers' updates) is one device task, not
+    one per tensor; and a float argument that changes every step (AdamW's bias
+    corrections, a learning-rate schedule) reuses the cached meta pass: the
+    result of an in-place op cannot change shape with it."""
+    import torchneuron
+    g = torch.Generator().manual_seed(SEED)
+    cpu = [torch.randn(n, generator=g) for n in (3, 70, 1000)]
+    dev = [t.to("neuron") for t in cpu]
+    torchneuron.clear_op_tracking()
+    for step in range(1, 13):
+        for ts in (cpu, dev):
+            torch._foreach_mul_(ts, 1 - 0.9 ** step)
+            torch._foreach_add_(ts, [0.5 / step, -0.25 * step, float(step)])
+        if step == 2:
+            entries = torchneuron._C._meta_cache_entries()
+    assert torchneuron._C._meta_cache_entries() == entries
+    executed = torchneuron.get_executed_ops()
+    assert executed.get("aten::_foreach_mul_.Scalar") == 12 and executed.get("aten::_foreach_add_.ScalarList") == 12
+    assert not any(name.startswith(("aten::mul", "aten::add")) for name in executed), executed
+    for a, b in zip(dev, cpu):
+        assert torch.equal(a.cpu(), b)
+
+
+def test_multi_output_op_whose_meta_kernel_disagrees_queues_after_one_synchronous_call():
+    # Batch norm in eval mode: the meta function promises saved statistics the
+    # CPU kernel returns empty. The first call per argument pattern runs
+    # synchronously and records what the CPU kernel did; later ones queue.
+    from torchneuron import _python_tasks
+
+    bn = torch.nn.BatchNorm2d(8).to("neuron").eval()
+    x = torch.randn(4, 8, 16, 16, device="neuron")
+    bn(x)
+    _python_tasks.launch("sleep", [x], lambda _: time.sleep(0.5))
+    y = bn(x)
+    assert not torch.neuron.current_stream().query()  # bn did not wait for the sleeping task
+    torch.testing.assert_close(y.cpu(), bn.cpu()(x.cpu()), rtol=0, atol=0)
+
+
+def test_data_dependent_ops_and_fallback_tracking():
+    import torchneuron
+
+    torchneuron.clear_op_tracking()
+    x = torch.tensor([0.0, 3.0, 0.0, 1.0], device="neuron")
+    assert x.nonzero().flatten().tolist() == [1, 3]
+    assert x[x > 0].tolist() == [3.0, 1.0]
+    assert torch.unique(torch.tensor([3, 1, 3], device="neuron")).tolist() == [1, 3]
+    executed = torchneuron.get_executed_ops()
+    assert executed.get("aten::nonzero", 0) >= 1
+    assert torchneuron.get_fallback_ops() == {}
+
+
+def test_error_in_queued_op_is_raised_at_the_next_sync_naming_the_operator():
+    x = torch.arange(10.0, device="neuron")
+    bad = torch.tensor([1, 50], device="neuron")
+    y = torch.index_select(x, 0, bad)  # queued: the bad index is only seen on the device
+    with pytest.raises(RuntimeError, match=r"aten::index_select.*out of range"):
+        y.cpu()
+    # reported once; the device keeps working
+    assert (x + 1).sum().item() == 55
+
+
+def test_launch_blocking_makes_each_op_synchronous():
+    r = run_python(
+        """
+        import torch
+        a = torch.randn(1024, 1024, device="neuron")
+        b = a @ a
+        print("done", torch.neuron.current_stream().query())
+        try:
+            torch.index_select(torch.ones(3, device="neuron"), 0, torch.tensor([7], device="neuron"))
+        except RuntimeError as e:
+            print("raised at launch:", "index_select" in str(e))
+        """,
+        env={"NEURON_LAUNCH_BLOCKING": "1"},
+    )
+    assert "done True" in r.stdout, r.stderr
+    assert "raised at launch: True" in r.stdout, r.stderr
+
