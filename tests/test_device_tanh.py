@@ -1,4 +1,4 @@
-"""The device's float32 tanh (csrc/bridge/math/tanh.h), its one operator whose
+"""The device's float32 tanh (csrc/bridge/kernels/tanh.h), its one operator whose
 numerics are its own rather than the CPU's: faithfully rounded over every
 float, so within one ulp of the CPU's (MKL's, also faithfully rounded), and
 the same bits however and wherever it runs."""

@@ -137,3 +137,31 @@ def test_launch_blocking_makes_each_op_synchronous():
     assert "done True" in r.stdout, r.stderr
     assert "raised at launch: True" in r.stdout, r.stderr
 
+
+
+def test_meta_failures_are_classified_by_kind():
+    """The executor tells a missing meta kernel (a property of the operator: it
+    runs by the counted fallback, and its meta pass is not tried again) from
+    outputs that depend on the data (index by a mask: it waits, as on every
+    accelerator, and is no fallback). Pins the classification, so that a
+    PyTorch upgrade that changes how meta passes fail breaks this test rather
+    than quietly queuing less."""
+    result = run_python("""
+        import warnings, torch, torchneuron
+        a, b = torch.rand(8, device="neuron") + 1, torch.rand(8, device="neuron") + 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(3):
+                got = torch.ops.aten._standard_gamma_grad(a, b)
+        assert torch.equal(got.cpu(), torch.ops.aten._standard_gamma_grad(a.cpu(), b.cpu()))
+        assert sum("cannot be queued" in str(w.message) for w in caught) == 1
+        assert torchneuron.get_fallback_ops() == {"aten::_standard_gamma_grad": 3}
+        x = torch.tensor([0.0, 3.0, 0.0, 1.0], device="neuron")
+        for _ in range(2):
+            assert x[x > 0].tolist() == [3.0, 1.0]
+        assert torchneuron.get_fallback_ops() == {"aten::_standard_gamma_grad": 3}
+    """, env={"TORCHNEURON_DEBUG_META": "1"}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    # No meta kernel: tried once, then known. A mask index: tried per call.
+    assert result.stderr.count("meta pass of aten::_standard_gamma_grad failed") == 1, result.stderr
+    assert result.stderr.count("meta pass of aten::index failed") == 2, result.stderr

@@ -10,7 +10,7 @@ import torchneuron
 
 def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
     # add, sub, mul, div, relu and sum on small contiguous operands of one
-    # shape and dtype run without a meta pass (csrc/bridge/ops/small_ops.cpp):
+    # shape and dtype run without a meta pass (csrc/bridge/ops/lean_path.cpp):
     # new shapes add no meta-cache entry. Results, dtypes and strides are the
     # CPU's, bit for bit; other calls take the generic path and agree too.
     ops = {
@@ -71,7 +71,7 @@ def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
 
 def test_small_cat_of_contiguous_tensors_takes_the_lean_path_and_matches_cpu():
     # cat of small contiguous tensors of one dtype with up to three dimensions
-    # is a copy of rows made by the task itself (csrc/bridge/ops/small_ops.cpp):
+    # is a copy of rows made by the task itself (csrc/bridge/ops/lean_path.cpp):
     # no meta pass, so new shapes add no meta-cache entry. Results are the
     # CPU's; anything else takes the generic path and agrees too.
     g = torch.Generator().manual_seed(0)
@@ -100,7 +100,7 @@ def test_small_cat_of_contiguous_tensors_takes_the_lean_path_and_matches_cpu():
 
 def test_small_index_by_an_int64_tensor_takes_the_lean_path_and_matches_cpu():
     # x[i] for a small contiguous x and one contiguous int64 index on the
-    # device is a copy of rows made by the task (csrc/bridge/ops/small_ops.cpp):
+    # device is a copy of rows made by the task (csrc/bridge/ops/lean_path.cpp):
     # no meta pass. Results are the CPU's, bit for bit; an index out of bounds
     # raises the CPU's message at the next synchronising call, without the
     # executor's C++ backtrace. Masks, several indices, CPU or int32 indices,
@@ -146,7 +146,7 @@ def test_small_index_by_an_int64_tensor_takes_the_lean_path_and_matches_cpu():
 def test_small_matrix_products_take_the_lean_path_and_match_cpu():
     # mm and addmm of small matrices stored row-major or transposed (a Linear
     # layer's x @ w.t()) run the CPU kernel on aliases of the same layouts
-    # (csrc/bridge/ops/small_ops.cpp): bit for bit the CPU's gemm, with no
+    # (csrc/bridge/ops/lean_path.cpp): bit for bit the CPU's gemm, with no
     # meta pass. Other calls (scaled, broadcast bias, strided) agree too.
     import torch.nn.functional as F
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@
 
 The "aot_eager" cases call ATen operators through Python (torch.ops.aten.*),
 which needs the generic executor to capture its OperatorHandle by value
-(csrc/bridge/ops/device_fallback.cpp, run_queued: ``[op, &traits, ...]``);
+(csrc/bridge/exec/launch.cpp, launch_queued: ``[op, &policy, ...]``);
 with the by-reference capture they crash the process on the executor thread.
 """
 import os

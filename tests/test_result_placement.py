@@ -1,5 +1,5 @@
 """Kernels without an out= overload computing their results straight into device
-memory (csrc/bridge/ops/result_placement.h), and the check that no CPU kernel
+memory (csrc/bridge/exec/result_placement.h), and the check that no CPU kernel
 keeps the memory it was given."""
 import pytest
 import torch

@@ -115,7 +115,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
-  m.def("_has_own_tanh", &kernels::has_own_tanh);  // the device's float32 tanh (math/tanh.h)
+  m.def("_has_own_tanh", &kernels::has_own_tanh);  // the device's float32 tanh (kernels/tanh.h)
   m.def("_fusion_computes_as_unfused", [](const std::string& op, at::ScalarType dtype) {
     return vector_math::as_unfused(op, dtype) != nullptr;
   });

@@ -132,20 +132,19 @@ size_t meta_cache_entries() {
 
 namespace {
 
-// Which failure an exception of a meta pass is. Typed where PyTorch's types
-// tell (a missing kernel is a NotImplementedError from the dispatcher), by
-// the words PyTorch's meta functions use where they do not; the executor
-// tests pin both classes (tests/test_executor.py), so a PyTorch upgrade that
-// changes them fails loudly instead of queuing less.
-MetaFailure classify(const c10::OperatorHandle& op, const std::exception& e) {
+// Which failure an exception of a meta pass is. A missing kernel by types:
+// PyTorch's Meta fallback raises NotImplementedError for an operator the
+// dispatcher has no Meta kernel for (OpPolicy::has_meta_kernel). Data
+// dependence by the words of the meta functions that refuse it (nonzero's,
+// reached through index with a mask, and the fake-tensor exceptions): no
+// type tells it apart. tests/test_executor.py pins both classes, so a
+// PyTorch upgrade that changes them fails a test instead of queuing less.
+MetaFailure classify(const OpPolicy& policy, const std::exception& e) {
   const std::string what = e.what();
   if (what.find("data-independent") != std::string::npos || what.find("data-dependent") != std::string::npos ||
       what.find("DynamicOutputShape") != std::string::npos)
     return MetaFailure::DataDependent;
-  const bool not_implemented = dynamic_cast<const c10::NotImplementedError*>(&e) != nullptr;
-  if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta) ||
-      (not_implemented && what.find("'Meta' backend") != std::string::npos))
-    return MetaFailure::NoMetaKernel;
+  if (!policy.has_meta_kernel && dynamic_cast<const c10::NotImplementedError*>(&e)) return MetaFailure::NoMetaKernel;
   return MetaFailure::Other;
 }
 
@@ -185,7 +184,7 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
     if (cacheable) meta_cache_insert(std::move(sig), result);
     return MetaFailure::None;
   } catch (const std::exception& e) {
-    failure = classify(op, e);
+    failure = classify(policy, e);
     if (std::getenv("TORCHNEURON_DEBUG_META"))
       std::fprintf(stderr, "[torchneuron] meta pass of %s failed: %s\n", op.schema().name().c_str(), e.what());
   }

@@ -186,7 +186,11 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
   p->device_op = rule.device_op;
   p->place_results = rule.traits & kPlaceResults;
   if (p->place_results) p->learned.placement = std::make_unique<PlacementHistory>();
-  p->has_meta_kernel = op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta);
+  // (Not hasComputedKernelForDispatchKey: PyTorch registers a Meta fallback
+  // for every operator, which raises NotImplementedError where no kernel is.)
+  p->has_meta_kernel = op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
+                       op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
+                       op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
   if (!(rule.traits & kNoOutVariant)) p->out_op = out_variant_of(op);
   if (!p->out_op) p->equivalent_out = equivalent_out_call(op);
   p->task_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());

@@ -208,7 +208,7 @@ int64_t run_avx512(const ChainProgram& program, int64_t slice, int64_t begin, in
       return A::div(one, A::add(A::exp(A::flip_sign(a)), one));
     });
     TORCHNEURON_NEXT;
-  tanh:  // the device's own (../math/tanh.h), which chain_of chains for float only
+  tanh:  // the device's own (tanh.h), which chain_of chains for float only
     if constexpr (std::is_same_v<T, float>) acc = acc.map(A::tanh);
     TORCHNEURON_NEXT;
   hold:

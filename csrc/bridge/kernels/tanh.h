@@ -7,8 +7,8 @@
 //
 // Accuracy: faithfully rounded (under one ulp against tanh computed in
 // double, over every float), as MKL's on the CPU is, so the two are the same
-// float or neighbours (tests/test_tanh.py measures both; docs/numerics.md). NaN in gives the same
-// NaN, quieted; tanh(-0) is -0.
+// float or neighbours (tests/test_device_tanh.py measures both;
+// docs/numerics.md). NaN in gives the same NaN, quieted; tanh(-0) is -0.
 //
 // Every element is the same arithmetic, whatever its position or the length
 // of the call, so any cut of the work (threads, fusion's slices, chains'

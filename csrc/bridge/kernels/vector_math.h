@@ -1,8 +1,8 @@
 // Unary functions that fusion computes in its own slice loops, exactly as
 // unfused execution on the device computes them, so that they match it bit
 // for bit:
-// * float tanh: the device's own (../math/tanh.h), the function its unfused
-//   kernel computes (../ops/own_kernels.h), on hosts that have it.
+// * float tanh: the device's own (tanh.h), the function its unfused
+//   kernel computes (device_ops.h), on hosts that have it.
 // * sigmoid: ATen's vector kernel is 1 / (1 + exp(-x)) with SLEEF's exp, two
 //   vectors at a time; the remainder of each call runs the scalar form with
 //   libm's exp. Reproduced on ATen's AVX512 path only.
