@@ -37,14 +37,13 @@ def register() -> None:
 
 
 def _register_backend() -> None:
-    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
-
     from .backend import neuron_backend
 
-    # Loaded through the entry point (group torch_dynamo_backends), Dynamo's
-    # lookup_backend registers the function itself right after this import.
-    if "neuron" not in _COMPILER_FNS and _BACKENDS.get("neuron") is None:
-        register_backend(compiler_fn=neuron_backend, name="neuron")
+    try:
+        torch._dynamo.register_backend(compiler_fn=neuron_backend, name="neuron")
+    except AssertionError as e:  # "duplicate name": registered by an earlier import of this package
+        if "duplicate" not in str(e):
+            raise
 
 
 _register_dynamo()
