@@ -11,7 +11,7 @@ import torchneuron.nki.torch_bridge  # noqa: F401  (applies nki-kernel-dynamo-di
 from torchneuron import _torch_patches
 from torchneuron._torch_patches import PATCHES, TorchPatchError
 
-from neuron_testing import ROOT
+from neuron_testing import ROOT, run_python
 
 PACKAGE = pathlib.Path(ROOT) / "torchneuron"
 
@@ -171,3 +171,26 @@ def _changes_to_torch(package: pathlib.Path) -> list[str]:
 
 def test_no_module_outside_the_patch_module_changes_torch():
     assert _changes_to_torch(PACKAGE) == []
+
+
+def test_default_backend_compiles_for_neuron_without_naming_it():
+    # A fresh process with autoload: nothing names the neuron backend, and
+    # Inductor's code generation is not imported before something compiles.
+    r = run_python("""
+        import sys
+        import torch
+        assert "torch._inductor.codegen.common" not in sys.modules
+
+        def f(x):
+            return torch.sin(x) * 2 + x.relu()
+
+        x = torch.randn(4, device="neuron")
+        y = torch.compile(f)(x)
+        assert y.device.type == "neuron"
+        torch.testing.assert_close(y.cpu(), f(x).cpu())
+        from torch._inductor.codegen.common import get_scheduling_for_device
+        assert get_scheduling_for_device("neuron") is not None
+        print("ok")
+    """, env={"TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().endswith("ok")

@@ -34,9 +34,9 @@ extension points, next to the thing it registers.
   ``register_interface_for_device`` and the compile workers' caches of a device
   interface (compile/device_interface.py);
 * Inductor: ``register_backend_for_device`` and ``register_device_op_overrides``
-  (compile/inductor_device.py), run before the ``neuron`` backend's first
-  compilation; ``torch._functorch.config.patch``, a scoped config change
-  (compile/backend.py).
+  (compile/inductor_device.py), run when Inductor first asks the device module
+  for its code generators (``torch.neuron.Scheduling``, device.py);
+  ``torch._functorch.config.patch``, a scoped config change (compile/backend.py).
 
 Not PyTorch: ``torchneuron.nki.install_import_aliases()``
 (torchneuron/nki/import_names.py) enters the NKI emulator in ``sys.modules``

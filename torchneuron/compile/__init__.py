@@ -1,14 +1,21 @@
-"""``torch.compile(model, backend="neuron")``: see docs/compile.md.
+"""``torch.compile`` on ``neuron``: see docs/compile.md.
 
-Importing this package registers, once:
+Importing this package registers:
 
 * the Dynamo backend ``"neuron"`` (so ``backend="neuron"`` and
   ``torch.compiler.set_default_backend("neuron")`` work),
-* the ``neuron`` device interface with Dynamo,
-* the ``neuron`` device with Inductor (C++ kernels, a wrapper that queues them
-  as device tasks on the current stream), on the first compilation.
+* the ``neuron`` device interface with Dynamo.
+
+The ``neuron`` device is registered with Inductor (C++ kernels, a wrapper that
+queues them as device tasks on the current stream) by :func:`register`, when
+Inductor first asks ``torch.neuron`` for its code generators (its first
+compilation, whatever the backend) or when the ``neuron`` backend compiles.
+So ``torch.compile(model)`` with Inductor, the default backend, runs on
+``neuron`` tensors too, and ``import torch`` does not import Inductor.
 """
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -24,8 +31,7 @@ def _register_dynamo() -> None:
 
 
 def register() -> None:
-    """Registers the device with Dynamo and Inductor (idempotent). The backend
-    calls it before its first compilation, so Inductor is imported only then."""
+    """Registers the device with Dynamo and Inductor (idempotent)."""
     global _registered
     if _registered:
         return
@@ -34,6 +40,19 @@ def register() -> None:
     _register_dynamo()
     inductor_device.register()
     _registered = True
+
+
+def inductor_codegen(name: str):
+    """``torch.neuron.Scheduling`` / ``torch.neuron.PythonWrapperCodegen``:
+    Inductor's hook for a PrivateUse1 device. Inductor's
+    ``init_backend_registration`` reads them on its first call; answering
+    registers ``neuron`` completely (:func:`register`), since Inductor itself
+    registers a device from this hook only if it also has a C++ wrapper."""
+    register()
+    from . import inductor_device
+
+    return {"Scheduling": inductor_device.CppScheduling,
+            "PythonWrapperCodegen": inductor_device.NeuronWrapperCodegen}[name]
 
 
 def _register_backend() -> None:
@@ -48,6 +67,8 @@ def _register_backend() -> None:
 
 _register_dynamo()
 _register_backend()
+if "torch._inductor.codegen.common" in sys.modules:
+    register()  # Inductor is loaded already (no autoload): its hook may have run before this import
 
 from . import replay  # noqa: E402  (mode="reduce-overhead"; imports no Inductor)
 from .backend import MODES, NeuronCompileError, neuron_backend  # noqa: E402
