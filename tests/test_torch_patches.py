@@ -123,6 +123,17 @@ def test_changed_signature_is_reported(monkeypatch):
         _torch_patches.check("inductor-current-backend")
 
 
+def test_failed_check_in_inductors_hook_is_warned(monkeypatch):
+    # Inductor's init_backend_registration swallows a RuntimeError from the hook
+    from torch._inductor import ir
+
+    monkeypatch.setattr(torchneuron.compile, "_registered", False)
+    monkeypatch.setattr(_torch_patches, "_checked", set())
+    monkeypatch.delattr(ir, "is_cpu")
+    with pytest.warns(UserWarning, match="patch 'inductor-is-cpu'"), pytest.raises(TorchPatchError):
+        torch.neuron.Scheduling
+
+
 def _torch_names(tree: ast.Module) -> set[str]:
     """Names a module binds to torch or to something imported from torch."""
     names = set()

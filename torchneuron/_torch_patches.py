@@ -41,7 +41,7 @@ extension points, next to the thing it registers.
 Not PyTorch: ``torchneuron.nki.install_import_aliases()``
 (torchneuron/nki/import_names.py) enters the NKI emulator in ``sys.modules``
 under the upstream import names ``neuronxcc.nki`` and ``nki``, on request.
-The C++ bridge's changes to PyTorch are kept with the C++ code (csrc/).
+The C++ bridge's changes to PyTorch are in csrc/bridge/torch_patches.h.
 """
 from __future__ import annotations
 

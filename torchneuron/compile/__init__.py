@@ -16,6 +16,7 @@ So ``torch.compile(model)`` with Inductor, the default backend, runs on
 from __future__ import annotations
 
 import sys
+import warnings
 
 import torch
 
@@ -47,8 +48,16 @@ def inductor_codegen(name: str):
     Inductor's hook for a PrivateUse1 device. Inductor's
     ``init_backend_registration`` reads them on its first call; answering
     registers ``neuron`` completely (:func:`register`), since Inductor itself
-    registers a device from this hook only if it also has a C++ wrapper."""
-    register()
+    registers a device from this hook only if it also has a C++ wrapper.
+    Inductor ignores a RuntimeError raised here, so a failed patch check is
+    also warned."""
+    from .._torch_patches import TorchPatchError
+
+    try:
+        register()
+    except TorchPatchError as e:
+        warnings.warn(f"neuron is not registered with Inductor: {e}")
+        raise
     from . import inductor_device
 
     return {"Scheduling": inductor_device.CppScheduling,
