@@ -262,3 +262,15 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 
 def _is_launch_blocking() -> bool:
     return os.environ.get("NEURON_LAUNCH_BLOCKING") == "1"
+
+
+# ---------------------------------------------------------------- Inductor
+def __getattr__(name: str):
+    # Inductor's hook for a PrivateUse1 device: on its first compilation it
+    # asks torch.neuron for ``Scheduling`` and ``PythonWrapperCodegen``; the
+    # answer registers neuron with Inductor (torchneuron/compile/__init__.py).
+    if name in ("Scheduling", "PythonWrapperCodegen"):
+        from .compile import inductor_codegen
+
+        return inductor_codegen(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,14 +1,22 @@
-"""``torch.compile(model, backend="neuron")``: see docs/compile.md.
+"""``torch.compile`` on ``neuron``: see docs/compile.md.
 
-Importing this package registers, once:
+Importing this package registers:
 
 * the Dynamo backend ``"neuron"`` (so ``backend="neuron"`` and
   ``torch.compiler.set_default_backend("neuron")`` work),
-* the ``neuron`` device interface with Dynamo,
-* the ``neuron`` device with Inductor (C++ kernels, a wrapper that queues them
-  as device tasks on the current stream), on the first compilation.
+* the ``neuron`` device interface with Dynamo.
+
+The ``neuron`` device is registered with Inductor (C++ kernels, a wrapper that
+queues them as device tasks on the current stream) by :func:`register`, when
+Inductor first asks ``torch.neuron`` for its code generators (its first
+compilation, whatever the backend) or when the ``neuron`` backend compiles.
+So ``torch.compile(model)`` with Inductor, the default backend, runs on
+``neuron`` tensors too, and ``import torch`` does not import Inductor.
 """
 from __future__ import annotations
+
+import sys
+import warnings
 
 import torch
 
@@ -24,8 +32,7 @@ def _register_dynamo() -> None:
 
 
 def register() -> None:
-    """Registers the device with Dynamo and Inductor (idempotent). The backend
-    calls it before its first compilation, so Inductor is imported only then."""
+    """Registers the device with Dynamo and Inductor (idempotent)."""
     global _registered
     if _registered:
         return
@@ -36,19 +43,41 @@ def register() -> None:
     _registered = True
 
 
-def _register_backend() -> None:
-    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+def inductor_codegen(name: str):
+    """``torch.neuron.Scheduling`` / ``torch.neuron.PythonWrapperCodegen``:
+    Inductor's hook for a PrivateUse1 device. Inductor's
+    ``init_backend_registration`` reads them on its first call; answering
+    registers ``neuron`` completely (:func:`register`), since Inductor itself
+    registers a device from this hook only if it also has a C++ wrapper.
+    Inductor ignores a RuntimeError raised here, so a failed patch check is
+    also warned."""
+    from .._torch_patches import TorchPatchError
 
+    try:
+        register()
+    except TorchPatchError as e:
+        warnings.warn(f"neuron is not registered with Inductor: {e}")
+        raise
+    from . import inductor_device
+
+    return {"Scheduling": inductor_device.CppScheduling,
+            "PythonWrapperCodegen": inductor_device.NeuronWrapperCodegen}[name]
+
+
+def _register_backend() -> None:
     from .backend import neuron_backend
 
-    # Loaded through the entry point (group torch_dynamo_backends), Dynamo's
-    # lookup_backend registers the function itself right after this import.
-    if "neuron" not in _COMPILER_FNS and _BACKENDS.get("neuron") is None:
-        register_backend(compiler_fn=neuron_backend, name="neuron")
+    try:
+        torch._dynamo.register_backend(compiler_fn=neuron_backend, name="neuron")
+    except AssertionError as e:  # "duplicate name": registered by an earlier import of this package
+        if "duplicate" not in str(e):
+            raise
 
 
 _register_dynamo()
 _register_backend()
+if "torch._inductor.codegen.common" in sys.modules:
+    register()  # Inductor is loaded already (no autoload): its hook may have run before this import
 
 from . import replay  # noqa: E402  (mode="reduce-overhead"; imports no Inductor)
 from .backend import MODES, NeuronCompileError, neuron_backend  # noqa: E402

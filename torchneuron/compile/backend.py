@@ -35,13 +35,13 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 # Inductor config for every neuron graph (a mode's config and the user's
-# options override it). No channels-last layout optimisation: it pays for
-# per-call conversions of inputs and weights to channels-last because cuDNN's
-# and oneDNN's convolutions then produce channels-last outputs. Ours is ATen's
+# options override it). No channels-last layout optimisation: it converts
+# inputs and weights to channels-last on every call because cuDNN's and
+# oneDNN's convolutions then produce channels-last outputs. Ours is ATen's
 # "overrideable" convolution backend, whose outputs are contiguous whatever
 # the input layout (torch._C._conv_determine_backend_memory_format), so the
 # device task copies oneDNN's channels-last result into them, transposing:
-# in a small conv net that cost more than the convolutions saved.
+# the conversions and that copy cost more than channels-last saves.
 _BASE_CONFIG: dict[str, Any] = {"layout_optimization": False}
 
 _OWN_OPTIONS = ("fallback_execution", "allow_cpu_inputs")

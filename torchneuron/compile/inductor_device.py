@@ -10,7 +10,10 @@ current stream (:mod:`torchneuron.compile.launch`). Buffers are allocated with
 ``empty_strided(..., device='neuron')`` (the stream-ordered caching
 allocator), and extern kernels (``mm``, convolutions, fallbacks) are ordinary
 asynchronous ``neuron`` operators. ``neuron`` is not one of Inductor's GPU
-types, so Triton is never involved.
+types, so Triton is never involved; where Inductor asks "is this the CPU?" or
+"which backend generates code here?", ``neuron`` answers as the CPU does
+(patches ``inductor-is-cpu`` and ``inductor-current-backend``,
+torchneuron/_torch_patches.py).
 """
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from torch._inductor.codegen.common import (
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
 from torch._inductor.virtualized import V
+
+from .. import _torch_patches
 
 _LAUNCH_IMPORT = "from torchneuron.compile.launch import launch as neuron_launch"
 
@@ -87,51 +92,12 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
-def _treat_neuron_as_cpp_device() -> None:
-    """Inductor gates its C++-backend heuristics on "is this node on the CPU?"
-    (``BaseSchedulerNode.is_cpu`` and ``ir.is_cpu``): loop reindexing and
-    loop-order inversion in fusion, which assume SIMD (Triton) kernel groups,
-    are skipped, and realisation thresholds are the CPU's. Our kernels are
-    that C++ backend's, so ``neuron`` nodes answer as the CPU does. Nothing
-    else in Inductor (allocation, mkldnn passes, GEMM templates) sees this."""
-    from torch._inductor import ir, scheduler
-
-    if getattr(scheduler.BaseSchedulerNode.is_cpu, "_neuron", False):
-        return
-
-    def node_is_cpu(self) -> bool:
-        device = self.get_device()
-        return device is not None and device.type in ("cpu", "neuron")
-
-    node_is_cpu._neuron = True
-    scheduler.BaseSchedulerNode.is_cpu = node_is_cpu
-
-    def ir_is_cpu(x) -> bool:
-        return ir.get_device_type(x) in ("cpu", "neuron")
-
-    ir.is_cpu = ir_is_cpu
-
-    # The code-generation backend Inductor names for the current device:
-    # "cpp" (config.cpu_backend) for neuron, not config.cuda_backend.
-    from torch._inductor import config, utils
-    from torch._inductor.codegen import common
-
-    original = utils.get_current_backend
-
-    def get_current_backend(device_type=None):
-        if not device_type:
-            device_type = V.graph.get_current_device_or_throw().type
-        if device_type == "neuron":
-            return config.cpu_backend
-        return original(device_type)
-
-    for module in (utils, common, scheduler):
-        if getattr(module, "get_current_backend", None) is original:
-            module.get_current_backend = get_current_backend
-
-
 def register() -> None:
-    _treat_neuron_as_cpp_device()
+    """Registers ``neuron`` with Inductor, with the patches that make Inductor
+    treat it as its C++ (CPU) backend (see torchneuron/_torch_patches.py)."""
+    _torch_patches.check("inductor-wrapper-overrides")
+    _torch_patches.apply("inductor-is-cpu")
+    _torch_patches.apply("inductor-current-backend")
     if get_scheduling_for_device("neuron") is None:
         register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen)
     register_device_op_overrides("neuron", NeuronDeviceOpOverrides())

@@ -426,10 +426,10 @@ def inner_compile(label: str):
     """Inductor's ``compile_fx_inner``, its compiled graphs wrapped for replay."""
     from torch._inductor.compile_fx import compile_fx_inner
 
+    from .. import _torch_patches
+
     def compile_inner(gm, example_inputs, **kwargs):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)
-        if getattr(compiled, "current_callable", None) is not None:
-            compiled.current_callable = ReplayGraph(compiled.current_callable, label)
-        return compiled
+        return _torch_patches.apply("inductor-compiled-callable", compiled, lambda fn: ReplayGraph(fn, label))
 
     return compile_inner

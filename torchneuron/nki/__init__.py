@@ -11,7 +11,7 @@ See docs/nki.md.  The emulator itself runs on NumPy only; the torch side
 (``torch_bridge``, behind ``nki_op``) loads on first use.
 """
 from . import compiler, isa, language  # noqa: F401  (submodules are part of the API)
-from .aliases import install_import_aliases, uninstall_import_aliases
+from .import_names import install_import_aliases, uninstall_import_aliases
 from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
 from .jit import Kernel, baremetal, jit, register_adapter, run_on_host_buffers, simulate_kernel
 from .machine import TARGETS, Buffer, TileSize

@@ -49,9 +49,9 @@ _blas_controller = None
 
 
 def _single_threaded_blas():
-    """Tile GEMMs (at most 128 x 128 x 512) run several times faster on one
-    BLAS thread than on a pool that must wake up per call, and much faster
-    when the host is busy; parallelism belongs to the device's streams."""
+    """BLAS limited to one thread inside a launch: a tile GEMM (at most
+    128 x 128 x 512) is too small to pay for waking a thread pool per call,
+    least of all on a busy host; parallelism belongs to the device's streams."""
     global _blas_controller
     try:
         if _blas_controller is None:

@@ -48,7 +48,10 @@ from .trace import View, _Nested, _WHOLE, _STRIDED, _GATHER, _UINT_OF_SIZE
 
 F32 = np.float32
 _errstate = np.errstate
-FORWARD_LOADS = True  # (switch for measurements)
+# an engine reads a loaded (not float32) tile straight from HBM, and the load
+# copies the tile only if another step reads it (see the module docstring);
+# False: every load copies
+FORWARD_LOADS = True
 
 
 class Decline(Exception):

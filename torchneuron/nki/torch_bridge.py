@@ -48,6 +48,7 @@ import torch
 from . import dtypes as _dt
 from .errors import NKIError, NKITypeError
 from .jit import Kernel, register_adapter, run_on_host_buffers
+from .. import _torch_patches
 from .._python_tasks import launch as python_task
 
 __all__ = ["nki_op", "clear_signature_cache", "signature_cache_info"]
@@ -348,16 +349,8 @@ class TorchAdapter:
 
 
 register_adapter(TorchAdapter)
-
-# Dynamo must not trace the emulator: a direct kernel call inside a compiled
-# region runs eagerly (a graph break); nki_op makes it one graph node instead.
-try:
-    if not getattr(Kernel.__call__, "_torchneuron_dynamo_disabled", False):
-        _call = torch._dynamo.disable(Kernel.__call__, reason="NKI kernels run eagerly; use nki_op in compiled code")
-        _call._torchneuron_dynamo_disabled = True
-        Kernel.__call__ = _call
-except (AttributeError, TypeError):  # pragma: no cover  (older dynamo)
-    pass
+# a direct kernel call in a compiled region runs eagerly (a graph break); nki_op makes it a graph node
+_torch_patches.apply("nki-kernel-dynamo-disable")
 
 
 # ---------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Opt-in import aliases so kernels written against the upstream module names run unchanged.
+"""The upstream import names, opt-in, so kernels written against them run unchanged.
 
-``torchneuron.nki.install_import_aliases()`` registers this package in
-``sys.modules`` under ``neuronxcc.nki`` (beta 1) and ``nki`` (NKI 0.x),
-with their ``language``, ``isa``, ``typing`` and ``compiler`` submodules.
-It refuses to shadow a real installation unless ``force=True``.
+``torchneuron.nki.install_import_aliases()`` enters this package in
+``sys.modules`` under the names ``neuronxcc.nki`` (beta 1) and ``nki``
+(NKI 0.x), with their ``language``, ``isa``, ``typing`` and ``compiler``
+submodules. It refuses to shadow a real installation unless ``force=True``.
+Only module names of this package are added; PyTorch is not involved.
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def install_import_aliases(force: bool = False):
 
 
 def uninstall_import_aliases():
-    """Remove the aliases installed by install_import_aliases()."""
+    """Remove the import names entered by install_import_aliases()."""
     pkg = sys.modules.get("torchneuron.nki")
     for key in list(sys.modules):
         if key == "neuronxcc" or any(key == r or key.startswith(r + ".") for r in _ROOTS):

@@ -1,0 +1,337 @@
+"""Every change torchneuron makes to PyTorch's Python internals, in one place.
+
+Each patch has a name, says what it changes and why, and has a check that its
+target still exists and behaves as the patch assumes. :func:`apply` runs the
+check (once per process) before making the change, and :func:`check` runs it
+alone, so after a PyTorch upgrade a moved or changed target fails with a
+:class:`TorchPatchError` naming the patch instead of changing Inductor's
+behaviour quietly. Written and checked against PyTorch 2.13.0
+(:data:`CHECKED_AGAINST`).
+
+==============================  =================================================
+patch                           target
+==============================  =================================================
+``inductor-is-cpu``             ``torch._inductor.scheduler.BaseSchedulerNode.is_cpu``
+                                and ``torch._inductor.ir.is_cpu``
+``inductor-current-backend``    ``torch._inductor.utils.get_current_backend`` and
+                                every ``torch._inductor`` module holding it
+``inductor-wrapper-overrides``  (checked only) the ``PythonWrapperCodegen`` methods,
+                                one of them private, that our wrapper overrides
+``inductor-compiled-callable``  ``CompiledFxGraph.current_callable`` of each graph
+                                compiled for ``mode="reduce-overhead"``
+``nki-kernel-dynamo-disable``   ``torchneuron.nki.Kernel.__call__`` (our own class),
+                                wrapped in ``torch.compiler.disable``
+==============================  =================================================
+
+Not patches, and so not here: what torchneuron registers through PyTorch's
+extension points, next to the thing it registers.
+
+* the device: ``torch.utils.rename_privateuse1_backend``,
+  ``torch._register_device_module``,
+  ``torch.utils.generate_methods_for_privateuse1_backend`` (_registration.py);
+  operators through ``torch.library`` (_python_tasks.py, nki_op);
+* Dynamo: ``torch._dynamo.register_backend`` (compile/__init__.py),
+  ``register_interface_for_device`` and the compile workers' caches of a device
+  interface (compile/device_interface.py);
+* Inductor: ``register_backend_for_device`` and ``register_device_op_overrides``
+  (compile/inductor_device.py), run when Inductor first asks the device module
+  for its code generators (``torch.neuron.Scheduling``, device.py);
+  ``torch._functorch.config.patch``, a scoped config change (compile/backend.py).
+
+Not PyTorch: ``torchneuron.nki.install_import_aliases()``
+(torchneuron/nki/import_names.py) enters the NKI emulator in ``sys.modules``
+under the upstream import names ``neuronxcc.nki`` and ``nki``, on request.
+The C++ bridge's changes to PyTorch are in csrc/bridge/torch_patches.h.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+#: the PyTorch version every check below was written against
+CHECKED_AGAINST = "2.13.0"
+
+# a patched function keeps the function it replaced under this attribute:
+# it marks the patch as applied and lets the check look at PyTorch's original
+_ORIGINAL = "_torchneuron_original"
+
+
+class TorchPatchError(RuntimeError):
+    """A patch's target is missing or no longer behaves as the patch assumes."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    target: str      # what it changes
+    why: str
+    check: Callable[[], None]                 # raises TorchPatchError
+    apply: Callable[..., Any] | None = None   # None: a dependency that is only checked
+
+
+PATCHES: dict[str, Patch] = {}
+_checked: set[str] = set()
+
+
+def check(name: str) -> None:
+    """Runs patch ``name``'s check; raises :class:`TorchPatchError` if it fails."""
+    PATCHES[name].check()
+    _checked.add(name)
+
+
+def apply(name: str, *args: Any) -> Any:
+    """Checks patch ``name`` (the first time) and applies it (idempotent)."""
+    if name not in _checked:
+        check(name)
+    patch = PATCHES[name]
+    return patch.apply(*args) if patch.apply is not None else None
+
+
+def _register(name: str, *, target: str, why: str, check: Callable[[], None],
+              apply: Callable[..., Any] | None = None) -> None:
+    PATCHES[name] = Patch(name, target, why, check, apply)
+
+
+def _fail(name: str, problem: str) -> None:
+    raise TorchPatchError(f"patch {name!r}: {problem} (checked against PyTorch {CHECKED_AGAINST}; "
+                          f"this is {torch.__version__}). See torchneuron/_torch_patches.py.")
+
+
+def _module(name: str, dotted: str):
+    """The PyTorch module ``dotted``, imported."""
+    try:
+        return importlib.import_module(dotted)
+    except ImportError as e:
+        _fail(name, f"{dotted} no longer imports ({e})")
+
+
+def _original(fn):
+    return getattr(fn, _ORIGINAL, fn)
+
+
+def _require(name: str, owner: Any, attr: str, where: str):
+    """``owner.attr``, as PyTorch defined it (before our patch, if applied)."""
+    fn = getattr(owner, attr, None)
+    if not callable(fn):
+        _fail(name, f"{where}.{attr} no longer exists")
+    return _original(fn)
+
+
+def _require_params(name: str, fn, where: str, params: tuple[str, ...]) -> None:
+    """``fn`` takes ``params``, in this order (other parameters may follow or sit between)."""
+    try:
+        have = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        _fail(name, f"{where} has no inspectable signature")
+    positions = [have.index(p) if p in have else -1 for p in params]
+    if -1 in positions or positions != sorted(positions):
+        _fail(name, f"{where} takes ({', '.join(have)}), expected ({', '.join(params)}) among them")
+
+
+# --------------------------------------------------------------------------- inductor-is-cpu
+
+def _check_is_cpu() -> None:
+    name = "inductor-is-cpu"
+    ir, scheduler = _module(name, "torch._inductor.ir"), _module(name, "torch._inductor.scheduler")
+
+    node_cls = _require(name, scheduler, "BaseSchedulerNode", "torch._inductor.scheduler")
+    method = _require(name, node_cls, "is_cpu", "torch._inductor.scheduler.BaseSchedulerNode")
+
+    class Node:  # what the method reads of a node: its device
+        def __init__(self, device):
+            self.device = device
+
+        def get_device(self):
+            return self.device
+
+    try:
+        answers = [method(Node(torch.device(t))) for t in ("cpu", "meta")] + [method(Node(None))]
+    except Exception as e:
+        _fail(name, f"BaseSchedulerNode.is_cpu no longer answers from the node's get_device() ({e!r})")
+    if answers != [True, False, False]:
+        _fail(name, f"BaseSchedulerNode.is_cpu answers {answers} for devices cpu, meta, None")
+
+    fn = _require(name, ir, "is_cpu", "torch._inductor.ir")
+    get_device_type = _require(name, ir, "get_device_type", "torch._inductor.ir")
+    if [fn(torch.device("cpu")), fn(torch.device("meta"))] != [True, False] \
+            or get_device_type(torch.device("cpu")) != "cpu":
+        _fail(name, "torch._inductor.ir.is_cpu / get_device_type no longer answer by the device type")
+
+
+def _apply_is_cpu() -> None:
+    from torch._inductor import ir, scheduler
+
+    node_cls = scheduler.BaseSchedulerNode
+    if not hasattr(node_cls.is_cpu, _ORIGINAL):
+        def is_cpu(self) -> bool:
+            device = self.get_device()
+            return device is not None and device.type in ("cpu", "neuron")
+
+        setattr(is_cpu, _ORIGINAL, node_cls.is_cpu)
+        node_cls.is_cpu = is_cpu
+
+    # ir.is_cpu is called by name only inside ir.py: rebinding the module attribute reaches every caller
+    if not hasattr(ir.is_cpu, _ORIGINAL):
+        def ir_is_cpu(x) -> bool:
+            return ir.get_device_type(x) in ("cpu", "neuron")
+
+        setattr(ir_is_cpu, _ORIGINAL, ir.is_cpu)
+        ir.is_cpu = ir_is_cpu
+
+
+_register(
+    "inductor-is-cpu",
+    target="torch._inductor.scheduler.BaseSchedulerNode.is_cpu and torch._inductor.ir.is_cpu answer "
+           "True for neuron",
+    why="Inductor gates its C++-backend heuristics on 'is this node on the CPU?': loop reindexing and "
+        "loop-order inversion in fusion, which assume SIMD (Triton) kernel groups, are skipped, and "
+        "realisation thresholds are the CPU's. neuron's kernels are that C++ backend's, so neuron nodes "
+        "answer as CPU nodes do. Nothing else in Inductor (allocation, mkldnn passes, GEMM templates) "
+        "asks these two.",
+    check=_check_is_cpu, apply=_apply_is_cpu)
+
+
+# --------------------------------------------------------------------------- inductor-current-backend
+
+def _check_current_backend() -> None:
+    name = "inductor-current-backend"
+    config, utils = _module(name, "torch._inductor.config"), _module(name, "torch._inductor.utils")
+
+    fn = _require(name, utils, "get_current_backend", "torch._inductor.utils")
+    _require_params(name, fn, "torch._inductor.utils.get_current_backend", ("device_type",))
+    if fn("cpu") != config.cpu_backend:
+        _fail(name, "get_current_backend('cpu') no longer answers config.cpu_backend")
+
+
+def _holders(fn) -> list:
+    """The loaded ``torch._inductor`` modules that hold ``fn`` as ``get_current_backend``."""
+    return [m for key, m in list(sys.modules.items())
+            if key.startswith("torch._inductor") and getattr(m, "__dict__", {}).get("get_current_backend") is fn]
+
+
+def _apply_current_backend() -> None:
+    from torch._inductor import config, utils
+    from torch._inductor.virtualized import V
+
+    original = utils.get_current_backend
+    if hasattr(original, _ORIGINAL):
+        return
+
+    def get_current_backend(device_type: str | None = None) -> str:
+        if not device_type:
+            device_type = V.graph.get_current_device_or_throw().type
+        if device_type == "neuron":
+            return config.cpu_backend
+        return original(device_type)
+
+    setattr(get_current_backend, _ORIGINAL, original)
+    for module in [utils] + [m for m in _holders(original) if m is not utils]:
+        module.get_current_backend = get_current_backend
+
+
+_register(
+    "inductor-current-backend",
+    target="torch._inductor.utils.get_current_backend answers config.cpu_backend for neuron, in every "
+           "torch._inductor module that holds it",
+    why="the code-generation backend Inductor names for a device: an unknown device type gets "
+        "config.cuda_backend ('triton'), and code generation then takes Triton's paths (half-precision "
+        "compute upcast, Triton-only checks) in C++ kernels. Modules that imported the function by name "
+        "(codegen.common, scheduler, kernel.mm_common) are rebound too; modules imported later take it "
+        "from utils, already rebound.",
+    check=_check_current_backend, apply=_apply_current_backend)
+
+
+# --------------------------------------------------------------------------- inductor-wrapper-overrides
+
+def _check_wrapper_overrides() -> None:
+    name = "inductor-wrapper-overrides"
+    wrapper = _module(name, "torch._inductor.codegen.wrapper")
+    PythonWrapperCodegen = _require(name, wrapper, "PythonWrapperCodegen", "torch._inductor.codegen.wrapper")
+    for cls_name in ("PythonWrapperCodegen", "SubgraphPythonWrapperCodegen"):
+        where = f"torch._inductor.codegen.wrapper.{cls_name}"
+        cls = _require(name, wrapper, cls_name, "torch._inductor.codegen.wrapper")
+        helper = _require(name, cls, "_generate_kernel_call_helper", where)
+        _require_params(name, helper, f"{where}._generate_kernel_call_helper",
+                        ("self", "kernel_name", "call_args", "device", "triton"))
+    where = "torch._inductor.codegen.wrapper.PythonWrapperCodegen"
+    _require_params(name, _require(name, PythonWrapperCodegen, "make_allocation", where), f"{where}.make_allocation",
+                    ("self", "name", "device", "dtype", "shape", "stride", "allocation_shape", "is_pinned"))
+    _require_params(name, _require(name, PythonWrapperCodegen, "create", where), f"{where}.create",
+                    ("is_subgraph", "subgraph_name", "parent_wrapper", "partition_signatures"))
+    _require(name, PythonWrapperCodegen, "write_header", where)
+
+
+_register(
+    "inductor-wrapper-overrides",
+    target="(checked only) PythonWrapperCodegen._generate_kernel_call_helper (private), make_allocation, "
+           "create and write_header, and SubgraphPythonWrapperCodegen._generate_kernel_call_helper, which "
+           "neuron's wrapper classes override (compile/inductor_device.py)",
+    why="neuron's wrapper queues each C++ kernel call as a device task (neuron_launch) where the CPU "
+        "wrapper calls the kernel, imports the launcher in its header, and names the device index in "
+        "allocations. If PyTorch renamed one of these methods nothing would fail: the override would "
+        "just never run (kernels called on the host instead of queued on the stream). Checked when "
+        "neuron is registered with Inductor.",
+    check=_check_wrapper_overrides)
+
+
+# --------------------------------------------------------------------------- inductor-compiled-callable
+
+def _check_compiled_callable() -> None:
+    name = "inductor-compiled-callable"
+    CompiledFxGraph = _require(name, _module(name, "torch._inductor.output_code"), "CompiledFxGraph",
+                               "torch._inductor.output_code")
+    if "current_callable" not in getattr(CompiledFxGraph, "__annotations__", {}):
+        _fail(name, "CompiledFxGraph no longer declares current_callable")
+    call = getattr(CompiledFxGraph.__call__, "__code__", None)
+    if call is None or "current_callable" not in call.co_names:
+        _fail(name, "CompiledFxGraph.__call__ no longer calls self.current_callable")
+
+
+def _apply_compiled_callable(compiled, wrap: Callable[[Callable], Callable]):
+    """Replaces ``compiled.current_callable`` by ``wrap(current_callable)``; returns ``compiled``."""
+    if getattr(compiled, "current_callable", None) is not None:
+        compiled.current_callable = wrap(compiled.current_callable)
+    return compiled
+
+
+_register(
+    "inductor-compiled-callable",
+    target="CompiledFxGraph.current_callable of each graph compile_fx_inner returns, for "
+           "mode='reduce-overhead'",
+    why="reduce-overhead records a compiled graph's device work and replays it as one task "
+        "(compile/replay.py): the boxed callable the compiled graph calls is wrapped, as Inductor "
+        "itself wraps it for CUDA graphs.",
+    check=_check_compiled_callable, apply=_apply_compiled_callable)
+
+
+# --------------------------------------------------------------------------- nki-kernel-dynamo-disable
+
+def _check_kernel_dynamo_disable() -> None:
+    name = "nki-kernel-dynamo-disable"
+    disable = _require(name, torch.compiler, "disable", "torch.compiler")
+    _require_params(name, disable, "torch.compiler.disable", ("fn", "recursive", "reason"))
+
+
+def _apply_kernel_dynamo_disable() -> None:
+    from .nki.jit import Kernel
+
+    if hasattr(Kernel.__call__, _ORIGINAL):
+        return
+    call = torch.compiler.disable(Kernel.__call__, reason="NKI kernels run eagerly; use nki_op in compiled code")
+    setattr(call, _ORIGINAL, Kernel.__call__)
+    Kernel.__call__ = call
+
+
+_register(
+    "nki-kernel-dynamo-disable",
+    target="torchneuron.nki.Kernel.__call__ (our own class) wrapped in torch.compiler.disable, when the "
+           "torch side of NKI loads (nki/torch_bridge.py)",
+    why="Dynamo must not trace the NKI emulator: a direct kernel call inside a compiled region runs "
+        "eagerly (a graph break); nki_op makes a kernel one graph node instead. torchneuron.nki does not "
+        "import torch, so the method is wrapped when the torch bridge is imported.",
+    check=_check_kernel_dynamo_disable, apply=_apply_kernel_dynamo_disable)
