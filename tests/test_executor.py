@@ -147,14 +147,11 @@ def test_meta_failures_are_classified_by_kind():
     PyTorch upgrade that changes how meta passes fail breaks this test rather
     than quietly queuing less."""
     result = run_python("""
-        import warnings, torch, torchneuron
+        import torch, torchneuron
         a, b = torch.rand(8, device="neuron") + 1, torch.rand(8, device="neuron") + 1
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(3):
-                got = torch.ops.aten._standard_gamma_grad(a, b)
+        for _ in range(3):
+            got = torch.ops.aten._standard_gamma_grad(a, b)
         assert torch.equal(got.cpu(), torch.ops.aten._standard_gamma_grad(a.cpu(), b.cpu()))
-        assert sum("cannot be queued" in str(w.message) for w in caught) == 1
         assert torchneuron.get_fallback_ops() == {"aten::_standard_gamma_grad": 3}
         x = torch.tensor([0.0, 3.0, 0.0, 1.0], device="neuron")
         for _ in range(2):
@@ -162,6 +159,8 @@ def test_meta_failures_are_classified_by_kind():
         assert torchneuron.get_fallback_ops() == {"aten::_standard_gamma_grad": 3}
     """, env={"TORCHNEURON_DEBUG_META": "1"}, timeout=300)
     assert result.returncode == 0, result.stderr
-    # No meta kernel: tried once, then known. A mask index: tried per call.
+    # No meta kernel: tried once, then known, and warned about once. A mask
+    # index: tried per call.
     assert result.stderr.count("meta pass of aten::_standard_gamma_grad failed") == 1, result.stderr
+    assert result.stderr.count("aten::_standard_gamma_grad cannot be queued") == 1, result.stderr
     assert result.stderr.count("meta pass of aten::index failed") == 2, result.stderr

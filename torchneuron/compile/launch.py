@@ -10,7 +10,7 @@ kernel(...)`` in a shared object of its cache. Its arguments are pointers
 (tensors on ``neuron``; 0-dim CPU tensors, host scalars such as the Python
 floats Dynamo passes as tensors), ``int64_t`` and ``float``. The task calls
 that C entry point directly (``torchneuron._C._launch_cpp_kernel``,
-csrc/bridge/python_tasks.cpp) with the tensors' data pointers
+csrc/bridge/compiled/python_tasks.cpp) with the tensors' data pointers
 (host-addressable device memory) and a pointer to a copy of each host
 scalar's value taken here: no Python and no GIL on the executor thread. Only
 a kernel the C call path cannot take (more than 8 float or 1024 other
@@ -55,7 +55,7 @@ def entry_point(kernel) -> int:
 
 
 #: the most pointer/integer and float arguments the C call path takes
-#: (csrc/bridge/python_tasks.cpp: every float must fit in a register)
+#: (csrc/bridge/compiled/python_tasks.cpp: every float must fit in a register)
 MAX_INT_ARGS, MAX_FLOAT_ARGS = _C._max_kernel_ints, _C._max_kernel_floats
 
 
