@@ -17,7 +17,6 @@ setup(
     description="An emulated AWS NeuronCore as a native PyTorch device: neuron",
     license="Apache-2.0",
     license_files=["LICENSE"],
-    classifiers=["License :: OSI Approved :: Apache Software License"],
     packages=find_packages(include=["torchneuron", "torchneuron.*"]),
     package_data={"torchneuron": ["py.typed"]},
     # scripts/setup_env.sh builds the extension in place (incremental ninja

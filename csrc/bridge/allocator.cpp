@@ -1,3 +1,7 @@
+// The caching device allocator (allocator.h): per-device caches of segments
+// carved into blocks, the small and large pools with their size classes, the
+// stream-ordered free (record_stream defers reuse behind other streams'
+// events), CUDA's statistics, snapshots and the trace of allocations.
 #include "allocator.h"
 
 #include <c10/core/DeviceType.h>

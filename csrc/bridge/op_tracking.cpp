@@ -1,3 +1,7 @@
+// Op tracking (op_tracking.h): one counter slot per operator name, made once
+// and kept for the process, so the per-call count is one atomic increment;
+// the rest (fused members, elided intermediates, first-fallback warnings)
+// is rare and takes a lock.
 #include "op_tracking.h"
 
 #include <cstdlib>

@@ -281,14 +281,14 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
               flexible.push_back(o.isTensor() ? host_view(o.toTensor(), /*resizable=*/true) : at::Tensor());
             for (const auto& d : outputs.deferred) flexible[d.index] = d.view.make(/*resizable=*/true);
             for (auto& f : flexible) s.push_back(f);
-            call_kernel(*out_op, &s);
+            call_kernel(*out_op, policy, &s);
             for (const auto& d : outputs.deferred)
               if (flexible[d.index].storage().data() != d.view.data) d.view.make().copy_(flexible[d.index]);
             return;
           }
           outputs.make();
           PlaceResults placing(outputs.values, policy.place_results, policy.learned.placement.get(), s);
-          call_kernel(op, &s);
+          call_kernel(op, policy, &s);
           std::vector<c10::IValue> results;
           for (size_t i = 0; i < s.size(); ++i)
             if (policy.source[i] < 0) results.push_back(std::move(s[i]));
@@ -312,7 +312,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
   std::vector<c10::IValue> views(stack->end() - n, stack->end());
   {
     auto guard = below_autograd();
-    call_kernel(op, stack);
+    call_kernel(op, policy, stack);
   }
   // Written arguments the kernel resized into fresh host memory come back.
   for (size_t i : policy.written) {
@@ -349,8 +349,10 @@ void adopt_metadata(const at::Tensor& d, const at::Tensor& m) {
   d.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
 }
 
-void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  switch (op_policy(op).device_op) {
+void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) { call_kernel(op, op_policy(op), stack); }
+
+void call_kernel(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack) {
+  switch (policy.device_op) {
     case DeviceOp::Tanh:
       if (device_ops::tanh(op, stack)) return;
       break;

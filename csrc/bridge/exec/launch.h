@@ -37,7 +37,9 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
 // it has one for these arguments, else ATen's CPU kernel. Every place that
 // runs kernels on host views calls through here (queued tasks, fused groups'
 // members, compiled replay), so an operator gives the same bits wherever and
-// however it runs.
+// however it runs. `policy` is `op`'s or that of the operator `op` computes
+// for (its functional form); without it, `op`'s is looked up.
+void call_kernel(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack);
 void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // Makes device tensor `d` take the metadata `m` computed for it (an out=

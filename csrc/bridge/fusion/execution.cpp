@@ -387,7 +387,8 @@ class RangeRun {
     Prepared& p = prepared_[m];
     for (const Slice& s : p.slices) s.at(g_.row, lo, len);
     torch::jit::Stack stack(p.args.begin(), p.args.end());
-    if (p.result_slices.empty()) return call_kernel(members_[m].call.op, &stack);
+    const ElementwiseCall& call = members_[m].call;
+    if (p.result_slices.empty()) return call_kernel(call.op, *call.policy, &stack);
     // A functional member computes straight into its piece of the result (or
     // of its scratch), as unfused ones do (result_placement.h).
     std::vector<c10::IValue> into;
@@ -396,7 +397,7 @@ class RangeRun {
       into.emplace_back(s.view);
     }
     PlaceResults placing(into, /*enabled=*/true);
-    call_kernel(members_[m].call.op, &stack);
+    call_kernel(call.op, *call.policy, &stack);
     placing.settle(std::move(stack));
   }
 

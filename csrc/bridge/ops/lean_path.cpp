@@ -45,8 +45,8 @@
 namespace torchneuron::ops {
 namespace {
 
-// The CPU kernel a task runs, on flat aliases of its output and operands.
-using FlatKernel = void (*)(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+// The CPU kernel a task runs, on flat host views of its output and operands.
+using LeanKernel = void (*)(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
 
 // A CPU tensor of `sizes` at `data`: contiguous, or with the strides of a
 // transposed matrix.
@@ -61,8 +61,8 @@ at::Tensor alias(const void* data, c10::IntArrayRef sizes, c10::ScalarType dtype
 }
 
 // A whole task, kept inline in the task body (no allocation per launch).
-struct FlatTask {
-  FlatKernel kernel;
+struct LeanTask {
+  LeanKernel kernel;
   void* out;
   const void* a;
   const void* b;
@@ -83,7 +83,7 @@ bool plain(const at::Tensor& t) {
 }
 
 // Whether a call on `a` (and `b`) can take the lean path: see the top.
-bool flat_operands(const at::Tensor& a, const at::Tensor& b = {}) {
+bool lean_operands(const at::Tensor& a, const at::Tensor& b = {}) {
   if (!plain(a) || a.device().index() != current_device() || a.numel() >= min_fusable_numel()) return false;
   return !b.defined() || (plain(b) && b.device() == a.device() && b.scalar_type() == a.scalar_type() &&
                           b.sizes() == a.sizes());
@@ -123,11 +123,11 @@ at::Tensor empty_contiguous(c10::IntArrayRef sizes, c10::ScalarType dtype) {
                                    dtype, c10::MemoryFormat::Contiguous);
 }
 
-// `a` (and `b`) passed flat_operands. The result has a's shape, or none if
+// `a` (and `b`) passed lean_operands. The result has a's shape, or none if
 // the kernel `reduces` all of a.
-at::Tensor launch(const Op& op, FlatKernel kernel, const at::Tensor& a, const at::Tensor& b = {}, bool reduces = false) {
+at::Tensor launch(const Op& op, LeanKernel kernel, const at::Tensor& a, const at::Tensor& b = {}, bool reduces = false) {
   at::Tensor out = empty_contiguous(reduces ? c10::IntArrayRef() : a.sizes(), a.scalar_type());
-  op.queue(a.device().index(), FlatTask{kernel, out.data_ptr(), a.const_data_ptr(),
+  op.queue(a.device().index(), LeanTask{kernel, out.data_ptr(), a.const_data_ptr(),
                                         b.defined() ? b.const_data_ptr() : nullptr, a.numel(), a.scalar_type(),
                                         b.defined(), reduces});
   return out;
@@ -232,7 +232,7 @@ struct GatherRowsTask {
 // several indices and CPU indices take the boxed path.
 at::Tensor index_tensor(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
   static const Op op("aten::index", "Tensor");
-  if (indices.size() == 1 && self.dim() >= 1 && flat_operands(self)) {
+  if (indices.size() == 1 && self.dim() >= 1 && lean_operands(self)) {
     const std::optional<at::Tensor> index = indices.get(0);
     const int64_t row_numel = c10::multiply_integers(self.sizes().slice(1));
     if (index && plain(*index) && index->device() == self.device() && index->scalar_type() == at::kLong &&
@@ -280,7 +280,7 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   for (const at::Tensor& t : tensors) {
     if (!first) {
       first = &t;
-      lean = flat_operands(t) && t.dim() >= 1 && t.dim() <= 3 && dim >= -t.dim() && dim < t.dim();
+      lean = lean_operands(t) && t.dim() >= 1 && t.dim() <= 3 && dim >= -t.dim() && dim < t.dim();
       if (lean) dim = c10::maybe_wrap_dim(dim, t.dim());
     } else {
       lean = lean && plain(t) && t.device() == first->device() && t.scalar_type() == first->scalar_type() &&
@@ -313,7 +313,7 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
 // raises nothing: sub and relu refuse bool, div promotes integers to float.
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const Op op("aten::add", "Tensor");
-  if (is_one(alpha) && flat_operands(self, other))
+  if (is_one(alpha) && lean_operands(self, other))
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::add_out(o, a, b); },
                   self, other);
   return op.boxed(self, other, alpha);
@@ -321,7 +321,7 @@ at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at:
 
 at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const Op op("aten::sub", "Tensor");
-  if (is_one(alpha) && flat_operands(self, other) && self.scalar_type() != at::kBool)
+  if (is_one(alpha) && lean_operands(self, other) && self.scalar_type() != at::kBool)
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::sub_out(o, a, b); },
                   self, other);
   return op.boxed(self, other, alpha);
@@ -329,7 +329,7 @@ at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at:
 
 at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other) {
   static const Op op("aten::mul", "Tensor");
-  if (flat_operands(self, other))
+  if (lean_operands(self, other))
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::mul_out(o, a, b); },
                   self, other);
   return op.boxed(self, other);
@@ -337,7 +337,7 @@ at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other) {
 
 at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) {
   static const Op op("aten::div", "Tensor");
-  if (flat_operands(self, other) && at::isFloatingType(self.scalar_type()))
+  if (lean_operands(self, other) && at::isFloatingType(self.scalar_type()))
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::div_out(o, a, b); },
                   self, other);
   return op.boxed(self, other);
@@ -346,7 +346,7 @@ at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) {
 // ATen's CPU relu is clamp_min(self, 0) once it has refused bool.
 at::Tensor relu(const at::Tensor& self) {
   static const Op op("aten::relu", "");
-  if (flat_operands(self) && self.scalar_type() != at::kBool)
+  if (lean_operands(self) && self.scalar_type() != at::kBool)
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::clamp_min_out(o, a, 0); },
                   self);
   return op.boxed(self);
@@ -355,7 +355,7 @@ at::Tensor relu(const at::Tensor& self) {
 // Floating dtypes only: the sum of integers and bools is an int64.
 at::Tensor sum(const at::Tensor& self, std::optional<at::ScalarType> dtype) {
   static const Op op("aten::sum", "");
-  if (flat_operands(self) && at::isFloatingType(self.scalar_type()) && (!dtype || *dtype == self.scalar_type()))
+  if (lean_operands(self) && at::isFloatingType(self.scalar_type()) && (!dtype || *dtype == self.scalar_type()))
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::sum_out(o, a, {}); },
                   self, {}, /*reduces=*/true);
   return op.boxed(self, dtype);
