@@ -114,6 +114,16 @@ def _original(fn):
     return getattr(fn, _ORIGINAL, fn)
 
 
+def _replace(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+    """Sets ``owner.attr`` to ``make(original)``, marked with the original, unless already replaced."""
+    original = getattr(owner, attr)
+    if hasattr(original, _ORIGINAL):
+        return
+    replacement = make(original)
+    setattr(replacement, _ORIGINAL, original)
+    setattr(owner, attr, replacement)
+
+
 def _require(name: str, owner: Any, attr: str, where: str):
     """``owner.attr``, as PyTorch defined it (before our patch, if applied)."""
     fn = getattr(owner, attr, None)
@@ -166,22 +176,13 @@ def _check_is_cpu() -> None:
 def _apply_is_cpu() -> None:
     from torch._inductor import ir, scheduler
 
-    node_cls = scheduler.BaseSchedulerNode
-    if not hasattr(node_cls.is_cpu, _ORIGINAL):
-        def is_cpu(self) -> bool:
-            device = self.get_device()
-            return device is not None and device.type in ("cpu", "neuron")
+    def is_cpu(self) -> bool:
+        device = self.get_device()
+        return device is not None and device.type in ("cpu", "neuron")
 
-        setattr(is_cpu, _ORIGINAL, node_cls.is_cpu)
-        node_cls.is_cpu = is_cpu
-
+    _replace(scheduler.BaseSchedulerNode, "is_cpu", lambda original: is_cpu)
     # ir.is_cpu is called by name only inside ir.py: rebinding the module attribute reaches every caller
-    if not hasattr(ir.is_cpu, _ORIGINAL):
-        def ir_is_cpu(x) -> bool:
-            return ir.get_device_type(x) in ("cpu", "neuron")
-
-        setattr(ir_is_cpu, _ORIGINAL, ir.is_cpu)
-        ir.is_cpu = ir_is_cpu
+    _replace(ir, "is_cpu", lambda original: lambda x: ir.get_device_type(x) in ("cpu", "neuron"))
 
 
 _register(
@@ -320,11 +321,8 @@ def _check_kernel_dynamo_disable() -> None:
 def _apply_kernel_dynamo_disable() -> None:
     from .nki.jit import Kernel
 
-    if hasattr(Kernel.__call__, _ORIGINAL):
-        return
-    call = torch.compiler.disable(Kernel.__call__, reason="NKI kernels run eagerly; use nki_op in compiled code")
-    setattr(call, _ORIGINAL, Kernel.__call__)
-    Kernel.__call__ = call
+    _replace(Kernel, "__call__", lambda original: torch.compiler.disable(
+        original, reason="NKI kernels run eagerly; use nki_op in compiled code"))
 
 
 _register(
