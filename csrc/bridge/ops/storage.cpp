@@ -1,5 +1,5 @@
 // Tensor existence on `neuron`: allocation, views (metadata only, no device
-// work) and storage resizing.
+// work), storage resizing, and which tensors may take each other's place.
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/view_native.h>
@@ -133,6 +133,20 @@ at::Tensor& set_empty(at::Tensor& self) {
 void record_stream(at::Tensor& self, c10::Stream stream) {
   TORCH_CHECK(stream.device_type() == kNeuron, "record_stream: expected a neuron stream, got ", stream);
   device_allocator().recordStream(self.storage().data_ptr(), stream);
+}
+
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  // PyTorch's own answer (TensorImpl::has_compatible_shallow_copy_type)
+  // counts dense tensors of CPU, CUDA, MPS, HIP, XPU, HPU and MTIA as one
+  // kind, so that Module.to() swaps a Parameter's data in place (set_data)
+  // and the Parameter object survives: ties and optimizers made earlier
+  // keep working. Dense `neuron` tensors belong to that kind too.
+  static const c10::DispatchKeySet cpu_dense(c10::DispatchKey::CPU);
+  auto dense = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided && !t.is_quantized() &&
+           (t.device().type() == kNeuron || t.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(cpu_dense));
+  };
+  return (dense(self) && dense(from)) || self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set());
 }
 
 } // namespace ops
