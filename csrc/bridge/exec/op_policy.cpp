@@ -94,13 +94,9 @@ const Rule kRules[] = {
 // The rules that apply to `schema`: its own overload's, then its base name's.
 Rule rule_for(const c10::FunctionSchema& schema) {
   static const auto rules = [] {
-    ska::flat_hash_map<std::string, Rule> m;
-    for (const Rule& r : kRules) {
-      Rule& merged = m.emplace(r.op, Rule{r.op, 0}).first->second;
-      merged.traits |= r.traits;
-      if (r.exact != ExactKind::None) merged.exact = r.exact;
-      if (r.device_op != DeviceOp::None) merged.device_op = r.device_op;
-    }
+    ska::flat_hash_map<std::string, const Rule*> m;
+    for (const Rule& r : kRules)
+      TORCH_INTERNAL_ASSERT(m.emplace(r.op, &r).second, "neuron: two operator rules for ", r.op);
     return m;
   }();
   Rule out{"", 0};
@@ -112,9 +108,10 @@ Rule rule_for(const c10::FunctionSchema& schema) {
   for (const std::string& key : {overload, base}) {
     auto it = rules.find(key);
     if (it == rules.end()) continue;
-    out.traits |= it->second.traits;
-    if (out.exact == ExactKind::None) out.exact = it->second.exact;
-    if (out.device_op == DeviceOp::None) out.device_op = it->second.device_op;
+    const Rule& r = *it->second;
+    out.traits |= r.traits;
+    if (out.exact == ExactKind::None) out.exact = r.exact;
+    if (out.device_op == DeviceOp::None) out.device_op = r.device_op;
   }
   return out;
 }
