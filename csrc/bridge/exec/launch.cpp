@@ -111,6 +111,10 @@ struct TaskValues {
 // so records are recycled instead, vectors keeping their capacity.
 struct Launch {
   TaskValues task_args, outputs;
+  // The caller's grad mode: some CPU kernels read it (mkldnn_rnn_layer runs
+  // oneDNN's training or inference LSTM by it), and the task runs on the
+  // device's thread, whose own mode is the default.
+  bool grad_enabled = true;
 };
 
 // Recycled records. Each thread keeps its own few and trades them with the
@@ -204,6 +208,7 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
     if (meta_written[k].defined()) adopt_metadata(args[policy.written[k]].toTensor(), meta_written[k]);
 
   LaunchRef launch;
+  launch->grad_enabled = at::GradMode::is_enabled();
   TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
   c10::SmallVector<c10::IValue, 4> results(r);
   outputs.values.reserve(r);
@@ -269,6 +274,7 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
         [op, out_op, &policy, launch = std::move(launch)] {
           TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
           auto guard = below_autograd();
+          c10::AutoGradMode grad_mode(launch->grad_enabled);
           static DropWarnings drop;
           c10::WarningUtils::WarningHandlerGuard quiet(&drop);
           task_args.make();

@@ -1,5 +1,6 @@
 #include "meta.h"
 
+#include <ATen/core/grad_mode.h>
 #include <c10/core/DefaultDtype.h>
 
 #include <algorithm>
@@ -100,6 +101,8 @@ bool meta_signature(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> ar
   out.words.reserve(16 * args.size());  // no regrowth on the per-operator path
   // Factories without a dtype take the default dtype: part of the signature.
   out.words.push_back(static_cast<int64_t>(c10::get_default_dtype_as_scalartype()));
+  // Kernels may return other results without grad (mkldnn_rnn_layer's workspace).
+  out.words.push_back(at::GradMode::is_enabled());
   for (size_t i = 0; i < args.size(); ++i) {
     if (std::find(skip.begin(), skip.end(), i) != skip.end()) continue;
     if (!key_value(args[i], !float_values_free, out.words)) return false;
@@ -198,6 +201,7 @@ uint64_t verification_signature(c10::ArrayRef<c10::IValue> args) {
   auto tensor = [&](const at::Tensor& t) {
     mix(t.defined() ? 1 + 8 * (static_cast<uint64_t>(t.scalar_type()) + 64 * (t.dim() + 64 * (t.numel() == 0))) : 0);
   };
+  mix(at::GradMode::is_enabled() ? 23 : 29);  // as in meta_signature
   for (const auto& a : args) {
     mix(a.isNone() ? 17 : 19);
     if (a.isTensor()) tensor(a.toTensor());

@@ -56,7 +56,7 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
 
 // Verification (OpPolicy::verify_meta): what can make a meta kernel and the
 // CPU kernel disagree on result metadata (dtypes, ranks, empty or absent
-// tensors, flags, modes, strings; not sizes, so that shape-varying workloads
+// tensors, flags, modes, strings, the grad mode; not sizes, so that shape-varying workloads
 // do not re-verify), and whether results computed by the CPU kernel have the
 // sizes and dtypes the meta pass predicted for each fresh result.
 uint64_t verification_signature(c10::ArrayRef<c10::IValue> args);

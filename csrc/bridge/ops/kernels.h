@@ -52,6 +52,33 @@ at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2);
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
                  const at::Scalar& alpha);
 
+// recurrent.cpp: RNN, LSTM and GRU layers and cells, taking the CPU's branches
+// of ATen's composites (registered for the autograd and the backend key)
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_padded(const at::Tensor& input, at::TensorList hx,
+                                                           at::TensorList params, bool has_biases, int64_t num_layers,
+                                                           double dropout, bool train, bool bidirectional,
+                                                           bool batch_first);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lstm_packed(const at::Tensor& data, const at::Tensor& batch_sizes,
+                                                           at::TensorList hx, at::TensorList params, bool has_biases,
+                                                           int64_t num_layers, double dropout, bool train,
+                                                           bool bidirectional);
+#define TORCHNEURON_ONE_HIDDEN_RNN(name)                                                                            \
+  std::tuple<at::Tensor, at::Tensor> name##_padded(const at::Tensor& input, const at::Tensor& hx,                   \
+                                                   at::TensorList params, bool has_biases, int64_t num_layers,      \
+                                                   double dropout, bool train, bool bidirectional, bool batch_first); \
+  std::tuple<at::Tensor, at::Tensor> name##_packed(const at::Tensor& data, const at::Tensor& batch_sizes,           \
+                                                   const at::Tensor& hx, at::TensorList params, bool has_biases,    \
+                                                   int64_t num_layers, double dropout, bool train, bool bidirectional);
+TORCHNEURON_ONE_HIDDEN_RNN(gru)
+TORCHNEURON_ONE_HIDDEN_RNN(rnn_tanh)
+TORCHNEURON_ONE_HIDDEN_RNN(rnn_relu)
+#undef TORCHNEURON_ONE_HIDDEN_RNN
+std::tuple<at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input, at::TensorList hx, const at::Tensor& w_ih,
+                                             const at::Tensor& w_hh, const std::optional<at::Tensor>& b_ih,
+                                             const std::optional<at::Tensor>& b_hh);
+at::Tensor gru_cell(const at::Tensor& input, const at::Tensor& hx, const at::Tensor& w_ih, const at::Tensor& w_hh,
+                    const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh);
+
 // cpu_kernel_preference.cpp: routes operators whose generic composite would
 // differ from the CPU kernel to the executor. Runs once the explicit
 // kernels above are registered, which it leaves in place.

@@ -37,6 +37,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addmm", addmm);
 }
 
+// Recurrent layers: for the autograd key, which a composite would take, and
+// for the backend key, which inference mode reaches directly.
+void register_recurrent(torch::Library& m) {
+  m.impl("lstm.input", lstm_padded);
+  m.impl("lstm.data", lstm_packed);
+  m.impl("gru.input", gru_padded);
+  m.impl("gru.data", gru_packed);
+  m.impl("rnn_tanh.input", rnn_tanh_padded);
+  m.impl("rnn_tanh.data", rnn_tanh_packed);
+  m.impl("rnn_relu.input", rnn_relu_padded);
+  m.impl("rnn_relu.data", rnn_relu_packed);
+  m.impl("lstm_cell", lstm_cell);
+  m.impl("gru_cell", gru_cell);
+}
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { register_recurrent(m); }
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { register_recurrent(m); }
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&execute>());
 }
