@@ -1,7 +1,8 @@
-"""End to end, eager: one training step of the demo GPT and of a
-ResNet-18-sized network, and batch-1 GPT inference (one token per forward,
-read back to the host: latency-bound). Same initial weights and the same
-batches on both devices (drawn on the CPU, then moved)."""
+"""End to end, eager: one training step of the demo GPT, of a
+ResNet-18-sized network and of a recurrent word language model, and batch-1
+GPT inference (one token per forward, read back to the host: latency-bound).
+Same initial weights and the same batches on both devices (drawn on the CPU,
+then moved)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,72 @@ class ResNet18(nn.Module):
     def forward(self, x):
         x = self.layers(self.stem(x))
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# -- a word language model: embedding, a 2-layer recurrent stack, a linear decoder --
+
+RNN_TYPES = ("LSTM", "GRU", "RNN_TANH", "RNN_RELU")
+
+
+class WordLM(nn.Module):
+    """Next-word prediction over a vocabulary, as pytorch/examples'
+    word_language_model trains it (sequence-first batches, hidden state
+    carried from one batch to the next)."""
+
+    def __init__(self, rnn_type: str, vocab: int, emb: int, hidden: int, layers: int, dropout: float = 0.0):
+        super().__init__()
+        if rnn_type not in RNN_TYPES:
+            raise ValueError(f"rnn_type must be one of {RNN_TYPES}, not {rnn_type!r}")
+        self.rnn_type = rnn_type
+        self.drop = nn.Dropout(dropout)
+        self.embedding = nn.Embedding(vocab, emb)
+        if rnn_type.startswith("RNN_"):
+            self.rnn = nn.RNN(emb, hidden, layers, nonlinearity=rnn_type[4:].lower(), dropout=dropout)
+        else:
+            self.rnn = getattr(nn, rnn_type)(emb, hidden, layers, dropout=dropout)
+        self.decoder = nn.Linear(hidden, vocab)
+
+    def initial_state(self, batch: int, device):
+        h = torch.zeros(self.rnn.num_layers, batch, self.rnn.hidden_size, device=device)
+        return (h, h.clone()) if self.rnn_type == "LSTM" else h
+
+    def forward(self, tokens, state):
+        out, state = self.rnn(self.drop(self.embedding(tokens)), state)
+        return self.decoder(self.drop(out)), state
+
+
+def word_lm_sizes(cfg: Config):
+    # The example's default sizes (200-wide embedding and hidden state, 2 layers,
+    # 35 steps of batch 20) with 2000 words instead of WikiText-2's 33278.
+    return cfg.pick(dict(vocab=2000, emb=200, hidden=200, layers=2, bptt=35, batch=20),
+                    dict(vocab=50, emb=16, hidden=16, layers=2, bptt=5, batch=2))
+
+
+def word_lm_train(cfg: Config, rnn_type: str = "LSTM"):
+    s = word_lm_sizes(cfg)
+
+    def build(device):
+        torch.manual_seed(0)
+        model = WordLM(rnn_type, s["vocab"], s["emb"], s["hidden"], s["layers"]).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=20.0)
+        g = torch.Generator().manual_seed(1)
+        stream = torch.randint(s["vocab"], (s["bptt"] + 1, s["batch"]), generator=g).to(device)
+        x, y = stream[:-1], stream[1:]
+        state = [model.initial_state(s["batch"], device)]
+
+        def step():
+            # The hidden state goes on from the previous step, detached, as the
+            # example's training loop carries it.
+            prev = state[0]
+            prev = tuple(t.detach() for t in prev) if isinstance(prev, tuple) else prev.detach()
+            logits, state[0] = model(x, prev)
+            loss = F.cross_entropy(logits.view(-1, s["vocab"]), y.reshape(-1))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.25)
+            opt.step()
+        return step
+    return build
 
 
 # -- workloads: build(device) -> step() --------------------------------------------
@@ -127,7 +194,9 @@ def gpt_infer(cfg: Config, tokens: int):
     return build
 
 
-WORKLOADS = ("gpt_train_step", "resnet18_train_step", "gpt_infer_batch1_token")
+WORD_LM_RNN_TYPE = "LSTM"   # the RESULTS row; word_lm_train takes any of RNN_TYPES
+WORD_LM_WORKLOAD = f"{WORD_LM_RNN_TYPE.lower()}_lm_train_step"
+WORKLOADS = ("gpt_train_step", "resnet18_train_step", WORD_LM_WORKLOAD, "gpt_infer_batch1_token")
 STEPS = len(WORKLOADS)
 
 
@@ -178,6 +247,14 @@ def run(cfg: Config, bar) -> dict:
     s = resnet_sizes(cfg)
     r["model"] = {"n_params": sum(p.numel() for p in ResNet18(s["classes"], s["width"]).parameters()), **s}
     out["resnet18_train_step"] = r
+    bar.update(1)
+
+    k = cfg.pick(5, 1)
+    r = compare(_repeat(word_lm_train(cfg, WORD_LM_RNN_TYPE), k), cfg, warmup=1, per=k)
+    s = word_lm_sizes(cfg)
+    wl = WordLM(WORD_LM_RNN_TYPE, s["vocab"], s["emb"], s["hidden"], s["layers"])
+    r["model"] = {"rnn_type": WORD_LM_RNN_TYPE, "n_params": sum(p.numel() for p in wl.parameters()), **s}
+    out[WORD_LM_WORKLOAD] = r
     bar.update(1)
 
     tokens = cfg.pick(32, 2)

@@ -30,9 +30,8 @@ def targets(res: dict) -> list[dict]:
             frac = r.get("fraction_of_triad_alongside", r["neuron_fraction_of_bandwidth"])
             add("fusion", op, "fraction of triad bandwidth (ideal bytes; triad timed alongside)", frac,
                 f">= {CHAIN_BW_MIN}", frac >= CHAIN_BW_MIN)
-    for w in ("gpt_train_step", "resnet18_train_step"):
-        if w in res.get("end_to_end", {}):
-            r = res["end_to_end"][w]
+    for w, r in res.get("end_to_end", {}).items():
+        if w.endswith("_train_step"):
             add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
                 r["speed_vs_cpu"] >= E2E_MIN)
     rows += compiled_targets(res)
@@ -210,8 +209,16 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                  f"parameters, {g['n_layer']} layers, d_model {g['d_model']}, context {g['block_size']}, "
                  f"batch {g['batch']}): forward, backward, gradient clipping, AdamW (foreach).\n"
                  f"* `resnet18_train_step`: ResNet-18 in plain torch.nn ({rn['n_params'] / 1e6:.1f}M parameters), "
-                 f"batch {rn['batch']} of 3x{rn['hw']}x{rn['hw']}, cross-entropy, SGD with momentum.\n"
-                 "* `gpt_infer_batch1_token`: the GPT on one sequence, one forward per token, the next "
+                 f"batch {rn['batch']} of 3x{rn['hw']}x{rn['hw']}, cross-entropy, SGD with momentum.\n")
+        for name, r in e.items():
+            if name.endswith("_lm_train_step"):
+                lm = r["model"]
+                s.append(f"* `{name}`: a word language model as pytorch/examples' word_language_model "
+                         f"trains it ({lm['n_params'] / 1e6:.2f}M parameters): embedding {lm['emb']}, "
+                         f"{lm['layers']}-layer {lm['rnn_type']} of {lm['hidden']}, linear decoder over "
+                         f"{lm['vocab']} words; {lm['bptt']} steps of batch {lm['batch']}, the hidden state "
+                         "carried over (detached), cross-entropy, gradient clipping at 0.25, SGD.\n")
+        s.append("* `gpt_infer_batch1_token`: the GPT on one sequence, one forward per token, the next "
                  "token read back to the host (argmax + `.item()`): latency-bound.\n")
         rows = [(n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}")
                 for n, r in e.items()]

@@ -29,7 +29,8 @@ def test_benchmark_smoke_run(tmp_path):
     assert {"matmul_64", "matmul_128", "conv2d_resnet_layer2", "softmax", "layer_norm",
             "embedding"} <= set(res["large_ops"])
     assert all(r["speed_vs_cpu"] > 0 for r in res["large_ops"].values())
-    assert set(res["end_to_end"]) == {"gpt_train_step", "resnet18_train_step", "gpt_infer_batch1_token"}
+    assert set(res["end_to_end"]) == {"gpt_train_step", "resnet18_train_step", "lstm_lm_train_step",
+                                      "gpt_infer_batch1_token"}
     for r in res["memory"].values():
         assert r["neuron_peak_allocated_bytes"] > 0 and r["reserved_over_allocated"] >= 1.0
     assert res["profile"]["components"]["ops_per_step"] > 0
