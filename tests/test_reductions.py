@@ -366,25 +366,17 @@ def test_executor_uses_the_hosts_thread_count(thread_counts):
     assert worker == host and sum_matched and backward_matched
 
 
-_FOLLOWS = pytest.mark.xfail(strict=True, reason=(
-    "an executor thread fixes its intra-op thread count at its first ATen parallel call (ATen's "
-    "per-thread lazy init), and torch.set_num_threads changes only the calling thread's OpenMP count"))
-
-
-@_FOLLOWS
 def test_executor_follows_set_num_threads(thread_counts):
     host, worker, sum_matched, _ = thread_counts["after_set"]
     assert worker == host and sum_matched
 
 
-@_FOLLOWS
 def test_backward_after_set_num_threads_matches_cpu(thread_counts):
     """Autograd runs a neuron graph on its own device thread, whose count was
     fixed when it started; a CPU graph runs on the thread calling backward."""
     assert thread_counts["after_set"][3]
 
 
-@_FOLLOWS
 def test_an_executor_started_under_another_count_follows_the_host(thread_counts):
     host, worker, sum_matched, backward_matched = thread_counts["new_stream"]
     assert worker == host and sum_matched and backward_matched

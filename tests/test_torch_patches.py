@@ -92,6 +92,8 @@ def _missing(monkeypatch, name):
         monkeypatch.setattr(CompiledFxGraph, "__call__", lambda self, inputs: None)
     elif name == "nki-kernel-dynamo-disable":
         monkeypatch.delattr(torch.compiler, "disable")
+    elif name == "set-num-threads":
+        monkeypatch.delattr(torch, "set_num_threads")
     else:
         raise AssertionError(f"no test takes away the target of patch {name!r}")
 

@@ -21,6 +21,10 @@ from ._registration import register as _register
 
 _register()
 
+from . import _torch_patches  # noqa: E402
+
+_torch_patches.apply("set-num-threads")
+
 from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops, get_fused_ops  # noqa: E402
 from .nki import nki_op  # noqa: E402
 from . import compile as _compile  # noqa: E402,F401  (registers torch.compile's "neuron" backend)

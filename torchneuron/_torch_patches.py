@@ -21,6 +21,8 @@ patch                           target
                                 compiled for ``mode="reduce-overhead"``
 ``nki-kernel-dynamo-disable``   ``torchneuron.nki.Kernel.__call__`` (our own class),
                                 wrapped in ``torch.compiler.disable``
+``set-num-threads``             ``torch.set_num_threads``, which also tells the
+                                device the count
 ==============================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -333,3 +335,39 @@ _register(
         "eagerly (a graph break); nki_op makes a kernel one graph node instead. torchneuron.nki does not "
         "import torch, so the method is wrapped when the torch bridge is imported.",
     check=_check_kernel_dynamo_disable, apply=_apply_kernel_dynamo_disable)
+
+
+# --------------------------------------------------------------------------- set-num-threads
+
+def _check_set_num_threads() -> None:
+    name = "set-num-threads"
+    for attr in ("set_num_threads", "get_num_threads"):
+        _require(name, torch, attr, "torch")
+    count = torch.get_num_threads()
+    if not isinstance(count, int) or count < 1:
+        _fail(name, f"torch.get_num_threads() returned {count!r}, expected a positive int")
+
+
+def _apply_set_num_threads() -> None:
+    from . import _C
+
+    def make(original):
+        def set_num_threads(n):
+            original(n)  # raises on a bad count, before the device hears of it
+            _C._set_host_thread_count(torch.get_num_threads())
+        set_num_threads.__doc__ = original.__doc__
+        return set_num_threads
+
+    _replace(torch, "set_num_threads", make)
+    _C._set_host_thread_count(torch.get_num_threads())
+
+
+_register(
+    "set-num-threads",
+    target="torch.set_num_threads, wrapped to report the new count to the device "
+           "(csrc/bridge/exec/thread_count.h), when torchneuron loads",
+    why="ATen keeps the intra-op thread count per thread and a reduction's split, so its rounding, "
+        "follows it; torch.set_num_threads sets only the calling thread's. Kernels on the device's "
+        "threads run with the count the host's CPU work uses, which only this call tells. "
+        "PyTorch has no hook for it.",
+    check=_check_set_num_threads, apply=_apply_set_num_threads)

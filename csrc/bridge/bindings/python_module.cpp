@@ -10,6 +10,7 @@
 #include "../exec/fuser.h"
 #include "../exec/meta.h"
 #include "../exec/result_placement.h"
+#include "../exec/thread_count.h"
 #include "../generator.h"
 #include "../kernels/tanh.h"
 #include "../kernels/vector_math.h"
@@ -113,6 +114,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_elided_intermediates", &elided_intermediates);
   m.def("_set_adaptive_eager", &set_adaptive_eager);
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);
+  m.def("_set_host_thread_count", &set_host_thread_count);  // exec/thread_count.h
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
   m.def("_has_own_tanh", &kernels::has_own_tanh);  // the device's float32 tanh (kernels/tanh.h)

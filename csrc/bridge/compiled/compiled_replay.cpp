@@ -11,6 +11,7 @@
 #include "../device_state.h"
 #include "../exec/host_views.h"
 #include "../exec/launch.h"
+#include "../exec/thread_count.h"
 #include "../op_tracking.h"
 
 namespace torchneuron {
@@ -122,6 +123,7 @@ struct CompiledReplay::Program {
            const std::vector<std::pair<int64_t, HostScalar>>& scalars) {
     for (const auto& [slot, v] : scalars) ptrs[slot] = v.address();
     auto below = below_autograd();
+    follow_host_thread_count();
     std::vector<int64_t> scratch;
     for (size_t i = 0; i < steps.size(); ++i) {
       try {

@@ -37,6 +37,7 @@
 
 #include "../device_state.h"
 #include "../exec/host_views.h"
+#include "../exec/thread_count.h"
 #include "../op_tracking.h"
 
 namespace torchneuron {
@@ -64,6 +65,7 @@ void launch_python_task(int64_t call, c10::string_view name, at::TensorList tens
                                   .findSchemaOrThrow("torchneuron::run_python_task", "")
                                   .typed<void(int64_t, at::TensorList)>();
       auto below = below_autograd();
+      follow_host_thread_count();
       run.call(call, host);
     });
   });

@@ -14,6 +14,7 @@
 #include "op_policy.h"
 #include "result_placement.h"
 #include "storage_resize.h"
+#include "thread_count.h"
 
 namespace torchneuron {
 namespace {
@@ -358,6 +359,7 @@ void adopt_metadata(const at::Tensor& d, const at::Tensor& m) {
 void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) { call_kernel(op, op_policy(op), stack); }
 
 void call_kernel(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack) {
+  follow_host_thread_count();
   switch (policy.device_op) {
     case DeviceOp::Tanh:
       if (device_ops::tanh(op, stack)) return;

@@ -16,6 +16,7 @@
 #include "../exec/launch.h"
 #include "../exec/op_policy.h"
 #include "../exec/result_placement.h"
+#include "../exec/thread_count.h"
 #include "../kernels/vector_math.h"
 #include "fused_group.h"
 
@@ -422,6 +423,7 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
 
 void FusedGroup::run() {
   auto guard = below_autograd();
+  follow_host_thread_count();  // the split below is the CPU's for this count
   // Nothing joined: one call over everything, as unfused, saves the pieces.
   if (members.size() == 1 && slots.empty()) return run_range(0, numel, numel, /*whole=*/true);
   // The thread ranges TensorIterator would use for one numel-long kernel.

@@ -181,12 +181,15 @@ bool is_sigmoid(const Unary& fn) { return !fn.vml[0]; }
 
 bool is_own_tanh(const Unary& fn, c10::ScalarType dtype) { return dtype == at::kFloat && fn.own_float; }
 
-MklOnThisThread::MklOnThisThread() {
-  if (SetLocalThreads set = set_local_threads()) previous_ = set(1);
+int set_mkl_threads_of_this_thread(int n) {
+  SetLocalThreads set = set_local_threads();
+  return set ? set(n) : -1;
 }
 
+MklOnThisThread::MklOnThisThread() : previous_(set_mkl_threads_of_this_thread(1)) {}
+
 MklOnThisThread::~MklOnThisThread() {
-  if (previous_ >= 0) set_local_threads()(previous_);
+  if (previous_ >= 0) set_mkl_threads_of_this_thread(previous_);
 }
 
 void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64_t n) {

@@ -39,6 +39,10 @@ bool is_own_tanh(const Unary& fn, c10::ScalarType dtype);
 // (a thread's range) or a multiple of its vector step (fusion's slices are).
 void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64_t n);
 
+// Sets MKL's thread count for the calling thread, as at::set_num_threads does
+// for its own; returns the previous count, or -1 where MKL is absent.
+int set_mkl_threads_of_this_thread(int n);
+
 // While alive, MKL runs the calling thread's calls on that thread alone.
 // Fusion calls VML once per slice (1024 elements) from inside its own
 // parallel region. Once torch.set_num_threads has run, which turns MKL's

@@ -39,6 +39,7 @@
 #include "../exec/executor.h"
 #include "../exec/fuser.h"
 #include "../exec/host_views.h"
+#include "../exec/thread_count.h"
 #include "../op_tracking.h"
 #include "kernels.h"
 
@@ -73,6 +74,7 @@ struct LeanTask {
 
   void operator()() const {
     auto guard = below_autograd();
+    follow_host_thread_count();
     at::Tensor o = alias(out, reduces ? c10::IntArrayRef() : c10::IntArrayRef(numel), dtype);
     kernel(o, alias(a, numel, dtype), binary ? alias(b, numel, dtype) : at::Tensor());
   }
@@ -167,6 +169,7 @@ struct MatmulTask {
 
   void operator()() const {
     auto guard = below_autograd();
+    follow_host_thread_count();
     at::Tensor o = alias(out, {m, n}, dtype);
     const at::Tensor x = alias(a, {m, k}, dtype, a_transposed), y = alias(b, {k, n}, dtype, b_transposed);
     if (!bias) at::cpu::mm_out(o, x, y);
