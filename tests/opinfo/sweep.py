@@ -213,8 +213,56 @@ def _value_equal(a, b):
     return a == b
 
 
-def compare(cpu, dev, what: str, values: bool = True, on_device: bool = True, tensors_only: bool = False):
-    """Raises Mismatch if `dev` (neuron results) differs from `cpu`."""
+def exact_difference(cpu: torch.Tensor, dev: torch.Tensor):
+    """None if the floating tensors `dev` and `cpu` (same shape and dtype, on
+    the host) are equal as torch.equal sees them with NaN equal to NaN;
+    otherwise how they differ: elements, largest absolute and relative
+    difference and distance in ulps."""
+    same = (dev == cpu) | (torch.isnan(dev) & torch.isnan(cpu))
+    if bool(same.all()):
+        return None
+    bad = ~same
+    n = int(bad.sum())
+    c, d = cpu[bad].double(), dev[bad].double()
+    finite = torch.isfinite(c) & torch.isfinite(d)
+    s = f"{n} of {cpu.numel()} elements differ ({cpu.dtype})"
+    if bool(finite.any()):
+        cf, df = c[finite], d[finite]
+        absd = (df - cf).abs()
+        i = int(absd.argmax())
+        rel = float((absd / cf.abs()).max())
+        s += (f"; largest absolute difference {float(absd[i]):.3g} (neuron {float(df[i])!r}, cpu {float(cf[i])!r})"
+              f", largest relative {rel:.3g}, at most {ulp_distance(cpu[bad][finite], dev[bad][finite])} ulp")
+    if n > int(finite.sum()):
+        s += f"; {n - int(finite.sum())} differ in NaN or infinity"
+    return s
+
+
+_INT_OF = {torch.float64: torch.int64, torch.float32: torch.int32, torch.bfloat16: torch.int16,
+           torch.float16: torch.int16}
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The largest number of representable floats between elements of `a` and `b`."""
+    if a.dtype not in _INT_OF or a.numel() == 0:
+        return 0
+    def ordered(x):
+        bits = x.contiguous().view(_INT_OF[x.dtype]).to(torch.int64)
+        magnitude = bits & ((1 << (8 * x.element_size() - 1)) - 1)
+        return torch.where(bits < 0, -magnitude, magnitude)
+    oa, ob = ordered(a), ordered(b)
+    # Exact in int64 when the signs agree; across zero the distance can exceed int64 for float64.
+    same_sign = (oa < 0) == (ob < 0)
+    near = torch.where(same_sign, (oa - ob).abs(), 0).max()
+    far = torch.where(same_sign, 0.0, oa.double().abs() + ob.double().abs()).max()
+    return max(int(near), int(far))
+
+
+def compare(cpu, dev, what: str, values: bool = True, on_device: bool = True, tensors_only: bool = False,
+            exact: bool = False):
+    """Raises Mismatch if `dev` (neuron results) differs from `cpu`. Floating
+    values within ``assert_close``'s default tolerance, or, with `exact`, equal
+    (NaN equal to NaN)."""
     fc, fd = flatten(cpu), flatten(dev)
     if tensors_only:
         fc = [x for x in fc if isinstance(x, torch.Tensor)]
@@ -239,7 +287,11 @@ def compare(cpu, dev, what: str, values: bool = True, on_device: bool = True, te
                 continue
             dh = d.detach().cpu()
             c = c.detach()
-            if c.is_floating_point() or c.is_complex():
+            if exact and c.is_floating_point():
+                diff = exact_difference(c, dh)
+                if diff is not None:
+                    raise Mismatch(f"{where}: {diff}")
+            elif c.is_floating_point() or c.is_complex():
                 try:
                     torch.testing.assert_close(dh, c, equal_nan=True, check_device=False, check_stride=False)
                 except AssertionError as e:
@@ -512,19 +564,24 @@ def _describe(sample) -> str:
         return f"<undescribable sample: {type(e).__name__}>"
 
 
+def describe_value(x) -> str:
+    """A short description of an argument: tensors by shape (layout, strides
+    when not contiguous), sequences element-wise, other values by repr."""
+    if isinstance(x, torch.Tensor):
+        s = f"T{list(x.shape)}"
+        if x.layout != torch.strided:
+            s += f"({x.layout})"
+        elif x.dim() and not x.is_contiguous():
+            s += f"s{list(x.stride())}"
+        return s
+    if isinstance(x, (list, tuple)):
+        return "[" + ",".join(describe_value(e) for e in x) + "]"
+    r = repr(x)
+    return r if len(r) < 40 else r[:37] + "..."
+
+
 def _describe_unsafe(sample) -> str:
-    def d(x):
-        if isinstance(x, torch.Tensor):
-            s = f"T{list(x.shape)}"
-            if x.layout != torch.strided:
-                s += f"({x.layout})"
-            elif x.dim() and not x.is_contiguous():
-                s += f"s{list(x.stride())}"
-            return s
-        if isinstance(x, (list, tuple)):
-            return "[" + ",".join(d(e) for e in x) + "]"
-        r = repr(x)
-        return r if len(r) < 40 else r[:37] + "..."
+    d = describe_value
     s = d(sample.input)
     if sample.args:
         s += ", " + ", ".join(d(a) for a in sample.args)
