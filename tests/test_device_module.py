@@ -1,6 +1,11 @@
 """torch.neuron and torch.accelerator as users meet them: names, counts and
 properties, generated methods, autoload, fork, printing, and bad input
-(mixed devices, invalid indices, invalid NEURON_RT_VISIBLE_CORES)."""
+(mixed devices, invalid indices, invalid NEURON_RT_VISIBLE_CORES); the
+functions torch.neuron mirrors from torch.cuda, with its signatures and its
+exception types (capability, StreamContext)."""
+import inspect
+import warnings
+
 import pytest
 import torch
 
@@ -110,3 +115,93 @@ def test_printing_and_assert_close():
     with pytest.raises(AssertionError):
         torch.testing.assert_close(x, x + 1)
 
+
+
+def _parameters(fn):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("name", ["get_device_capability", "get_device_properties", "StreamContext", "stream"])
+def test_signature_is_torch_cuda_s(name):
+    assert _parameters(getattr(torch.neuron, name)) == _parameters(getattr(torch.cuda, name))
+
+
+def test_get_device_capability():
+    for device in (None, 0, 1, "neuron", "neuron:1", torch.device("neuron", 1)):
+        props = torch.neuron.get_device_properties(device)
+        major, minor = torch.neuron.get_device_capability(device)
+        assert (major, minor) == (props.major, props.minor)
+        assert props.name.startswith(f"NeuronCore-v{major} ") and minor == 0  # the generation in the name
+    with torch.neuron.device(1):  # None and an index-less device mean the current device
+        assert torch.neuron.get_device_properties().core_id == torch.neuron.get_device_properties(1).core_id
+        assert torch.neuron.get_device_properties("neuron").core_id == torch.neuron.get_device_properties(1).core_id
+
+
+@pytest.mark.parametrize("fn", ["get_device_capability", "get_device_properties"])
+def test_device_capability_errors_are_torch_cuda_s(fn):
+    # torch.cuda.get_device_properties (which get_device_capability calls):
+    # _get_device_index raises ValueError for another device type, then an
+    # index outside [0, device_count()) is an AssertionError("Invalid device id").
+    f = getattr(torch.neuron, fn)
+    for bad in ("cpu", torch.device("cpu"), "cuda:0"):
+        with pytest.raises(ValueError):
+            f(bad)
+    for bad in (2, 7, -1, "neuron:7", torch.device("neuron", 2)):
+        with pytest.raises(AssertionError, match="Invalid device id"):
+            f(bad)
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="torch.accelerator.get_device_capability() asks the device guard "
+                          "(c10::impl::DeviceGuardImplInterface::getDeviceCapability), which NeuronGuardImpl "
+                          "in csrc/bridge/device_guard.cpp does not override yet")
+def test_torch_accelerator_get_device_capability():
+    allocatable = set()
+    for dtype in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # complex32 is experimental
+                torch.empty(2, dtype=dtype, device="neuron")
+        except (RuntimeError, NotImplementedError):
+            continue
+        allocatable.add(dtype)
+    cap = torch.accelerator.get_device_capability()
+    assert cap["supported_dtypes"] == allocatable
+    assert torch.accelerator.get_device_capability("neuron:1") == cap
+
+
+def test_stream_context_like_torch_cuda():
+    s0, s0b = torch.neuron.Stream(0), torch.neuron.Stream(0)
+    s1, t1 = torch.neuron.Stream(1), torch.neuron.Stream(1)
+    default0, default1 = torch.neuron.default_stream(0), torch.neuron.default_stream(1)
+    assert isinstance(torch.neuron.stream(s0), torch.neuron.StreamContext)
+    assert torch.neuron.current_device() == 0
+    with torch.neuron.device(1):
+        torch.neuron.set_stream(t1)  # device 1's current stream, to be restored
+    try:
+        with torch.neuron.StreamContext(s0) as entered:
+            assert entered is None  # as torch.cuda's, __enter__ returns nothing
+            assert torch.neuron.current_stream() == s0
+            with torch.neuron.stream(s0b):  # nested, same device
+                assert torch.neuron.current_stream() == s0b
+            assert torch.neuron.current_stream() == s0
+            with torch.neuron.StreamContext(s1):  # another device: it becomes current
+                assert torch.neuron.current_device() == 1
+                assert torch.neuron.current_stream() == s1
+                y = torch.ones(1000, device="neuron:1") * 2
+            assert torch.neuron.current_device() == 0 and torch.neuron.current_stream() == s0
+            assert torch.neuron.current_stream(1) == t1
+        assert torch.neuron.current_stream(0) == default0
+        s1.synchronize()
+        assert y.sum().item() == 2000
+        with pytest.raises(ZeroDivisionError):  # restored when the block raises
+            with torch.neuron.StreamContext(s1):
+                1 / 0
+        assert torch.neuron.current_device() == 0 and torch.neuron.current_stream() == default0
+        assert torch.neuron.current_stream(1) == t1
+        for none_context in (torch.neuron.StreamContext(None), torch.neuron.stream(None)):
+            with none_context:
+                assert torch.neuron.current_stream() == default0
+    finally:
+        torch.neuron.set_stream(default1)
+        torch.neuron.set_device(0)

@@ -6,8 +6,8 @@ Python face of both, mostly through ``torch.accelerator``.
 """
 from __future__ import annotations
 
-import contextlib
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,13 +90,42 @@ class _DeviceProperties:
     name: str
     total_memory: int
     core_id: int
+    major: int  # the NeuronCore generation (get_device_capability)
+    minor: int
     type: str = "neuron"
 
 
+_GENERATION = re.compile(r"NeuronCore-v(\d+)\b")
+
+
 def get_device_properties(device: Any = None) -> _DeviceProperties:
+    """The properties of ``device`` (the current device if ``None``).
+
+    As ``torch.cuda.get_device_properties``: a device of another type raises
+    ``ValueError``, an index outside ``[0, device_count())`` ``AssertionError``.
+    """
     _lazy_init()
-    name, total, core = _C._device_properties(_index(device))
-    return _DeviceProperties(name=name, total_memory=total, core_id=core)
+    index = _index(device)
+    if index < 0 or index >= device_count():
+        raise AssertionError("Invalid device id")
+    name, total, core = _C._device_properties(index)
+    generation = _GENERATION.match(name)
+    if generation is None:
+        raise RuntimeError(f"the device name {name!r} does not name a NeuronCore generation")
+    return _DeviceProperties(name=name, total_memory=total, core_id=core, major=int(generation.group(1)), minor=0)
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """The ``(major, minor)`` capability of ``device`` (the current device if ``None``).
+
+    ``major`` is the NeuronCore generation the device implements, the number in
+    its name: 3 for NeuronCore-v3, the core of Trainium2 (2 is Trainium1's and
+    Inferentia2's, 1 Inferentia1's). ``minor`` is 0: NeuronCore generations
+    have no minor revisions. Arguments and errors are those of
+    ``get_device_properties``, as for ``torch.cuda.get_device_capability``.
+    """
+    props = get_device_properties(device)
+    return props.major, props.minor
 
 
 def get_device_name(device: Any = None) -> str:
@@ -146,20 +175,43 @@ def set_stream(stream: torch.Stream) -> None:
         torch.accelerator.set_stream(stream)
 
 
-@contextlib.contextmanager
-def stream(stream: torch.Stream | None):
-    """Runs the block with ``stream`` current (on its device)."""
-    if stream is None:
-        yield
-        return
-    prev_device = current_device()
-    prev_stream = current_stream(stream.device_index)
-    set_stream(stream)
-    try:
-        yield
-    finally:
-        set_stream(prev_stream)
-        set_device(prev_device)
+class StreamContext:
+    """Context manager that makes ``stream`` current while its block runs.
+
+    The stream becomes current on its own device, which becomes the current
+    device; on exit the stream that was current there and the stream and
+    device that were current before are restored, also when the block raises.
+    ``None`` (or no available device) makes it a no-op. As
+    ``torch.cuda.StreamContext``, the previous streams are read on entry.
+    """
+
+    def __init__(self, stream: torch.Stream | None):
+        self.stream = stream
+        self.idx = current_device() if is_available() else -1
+        self.src_prev_stream: torch.Stream | None = None
+        self.dst_prev_stream: torch.Stream | None = None
+
+    def __enter__(self) -> None:
+        target = self.stream
+        if target is None or self.idx == -1:
+            return
+        self.src_prev_stream = current_stream(None)
+        if self.src_prev_stream.device != target.device:
+            self.dst_prev_stream = current_stream(target.device)
+        set_stream(target)
+
+    def __exit__(self, *exc: Any) -> None:
+        target = self.stream
+        if target is None or self.idx == -1:
+            return
+        if self.src_prev_stream.device != target.device:
+            set_stream(self.dst_prev_stream)
+        set_stream(self.src_prev_stream)
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """Runs the block with ``stream`` current (on its device); ``None``: a no-op."""
+    return StreamContext(stream)
 
 
 # ---------------------------------------------------------------- memory

@@ -3,31 +3,163 @@ the formats of ``torch.cuda.memory`` so PyTorch's memory visualizer
 (pytorch.org/memory_viz, or ``torch.cuda._memory_viz``) opens them."""
 from __future__ import annotations
 
+import inspect
 import pickle
+import sys
+import warnings
 from typing import Any
 
 import torch
 
 from . import _C
 
+# What _record_memory_history asked for and the allocator does not do itself:
+# it records every event of every device, and a snapshot returns the newest
+# `max_entries` of those not skipped, as CUDA's ring buffer would hold them.
+_history_max_entries = sys.maxsize
+_history_skip_actions: frozenset[str] = frozenset()
 
-def _snapshot(device: Any = None) -> dict:
-    """Segments and blocks of the caching allocator, plus recorded history."""
-    return _C._memory_snapshot()
+
+def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
+    """Segments and blocks of the caching allocator, and the recorded history.
+
+    The format is ``torch.cuda.memory._snapshot()``'s. With ``device=None`` it
+    covers every device, as CUDA's snapshot does; with a device (index, string
+    or ``torch.device``) only that device's segments and history, the history
+    still at ``device_traces[index]`` (the other devices' lists are empty). A
+    device of another type raises ``ValueError``, an invalid index
+    ``IndexError``, as ``torch.neuron.memory_stats`` does.
+    ``augment_with_fx_traces`` adds FX node information to the frames, with
+    PyTorch's own helper.
+    """
+    index = None
+    if device is not None:
+        from .device import _index
+
+        index = _index(device)
+        _C._device_properties(index)  # raises for an invalid index
+    snapshot = _C._memory_snapshot()
+    if index is not None:
+        snapshot["segments"] = [s for s in snapshot["segments"] if s["device"] == index]
+    traces = snapshot["device_traces"]
+    for d, events in enumerate(traces):
+        if index is not None and d != index:
+            events = []
+        elif _history_skip_actions:
+            events = [e for e in events if e["action"] not in _history_skip_actions]
+        if len(events) > _history_max_entries:
+            events = events[len(events) - _history_max_entries:]
+        traces[d] = events
+    if augment_with_fx_traces:
+        from torch._utils import _augment_memory_snapshot_stack_traces
+
+        snapshot = _augment_memory_snapshot_stack_traces(snapshot)
+    return snapshot
 
 
 def memory_snapshot() -> list[dict]:
+    """The segments of every device (``torch.cuda.memory_snapshot()``)."""
     return _snapshot()["segments"]
 
 
-def _record_memory_history(enabled: Any = "all", *args, **kwargs) -> None:
-    """Starts (or with ``None``/``False`` stops) recording allocator events."""
-    _C._record_memory_history(enabled not in (None, False))
+def _check_option(value: Any, name: str, valid: tuple, optional: bool) -> None:
+    # The checks of torch.cuda's C++ binding: a value of the wrong type is a
+    # TypeError (its argument conversion), an unknown string a RuntimeError.
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"_record_memory_history(): {name} must be a string{' or None' if optional else ''}, "
+                        f"got {type(value).__name__}")
+    if value not in valid:
+        names = [repr(v) for v in valid] + (["None"] if optional else [])
+        choices = ", ".join(names[:-1]) + f" or {names[-1]}"
+        raise RuntimeError(f"expected {name} to be {choices}")
 
 
-def _dump_snapshot(filename: str = "neuron_memory_snapshot.pickle") -> None:
+def _set_history(enabled: bool, max_entries: int, skip_actions: Any, clear_history: bool) -> None:
+    global _history_max_entries, _history_skip_actions
+    if clear_history:
+        _C._record_memory_history(False)  # turning recording off clears the history
+    _C._record_memory_history(enabled)
+    _history_max_entries = max(1, max_entries)
+    _history_skip_actions = frozenset(skip_actions or ())
+
+
+def _warn_no_frames() -> None:
+    warnings.warn("torch.neuron.memory._record_memory_history: the neuron allocator records events without "
+                  "stack traces; the snapshot's \"frames\" lists stay empty", UserWarning, stacklevel=4)
+
+
+def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
+    """Starts (``"all"`` or ``"state"``) or stops (``None``) recording allocator events.
+
+    The arguments are ``torch.cuda.memory._record_memory_history``'s, checked
+    as it checks them; a bool first argument takes its legacy form
+    (``enabled, record_context=True, trace_alloc_max_entries=1, ...``).
+    ``"all"`` keeps the newest ``max_entries`` events of every device,
+    ``"state"`` only the newest one, as on CUDA; the events are those of
+    ``_snapshot()["device_traces"]``, ``skip_actions`` left out. Recording
+    applies to every device (``device`` is accepted and, as on CUDA, unused),
+    and stopping clears the history.
+
+    Not recorded: stack traces. The allocator keeps no frames, so ``context``
+    and ``stacks`` change nothing and every ``"frames"`` list is empty (a
+    warning says so when ``context`` asks for them); ``compile_context`` and
+    ``global_record_annotations`` have nothing to record either. The allocator
+    also keeps every event while recording: ``max_entries`` bounds what a
+    snapshot returns, not the memory the history takes.
+    """
+    if isinstance(enabled, bool):
+        _record_memory_history_legacy(enabled, *args, **kwargs)
+    else:
+        _record_memory_history_impl(enabled, *args, **kwargs)
+
+
+def _record_memory_history_impl(
+    enabled: str | None = "all",
+    context: str | None = "all",
+    stacks: str = "all",
+    max_entries: int = sys.maxsize,
+    device: Any = None,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+) -> None:
+    _check_option(enabled, "enabled", ("state", "all"), optional=True)
+    _check_option(context, "context", ("state", "alloc", "all"), optional=True)
+    _check_option(stacks, "stacks", ("python", "all"), optional=False)
+    if not isinstance(max_entries, int) or max_entries < 0:
+        raise TypeError(f"_record_memory_history(): max_entries must be a non-negative int, got {max_entries!r}")
+    if enabled is not None and context is not None:
+        _warn_no_frames()
+    _set_history(enabled is not None, max_entries if enabled == "all" else 1, skip_actions, clear_history)
+
+
+_record_memory_history.__signature__ = inspect.signature(_record_memory_history_impl)
+
+
+def _record_memory_history_legacy(
+    enabled: bool,
+    record_context: bool = True,
+    trace_alloc_max_entries: int = 1,
+    trace_alloc_record_context: bool = False,
+    device: Any = None,
+    record_context_cpp: bool = False,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+) -> None:
+    if enabled and (record_context or trace_alloc_record_context):
+        _warn_no_frames()
+    _set_history(enabled, trace_alloc_max_entries, skip_actions, clear_history)
+
+
+def _dump_snapshot(filename: str = "neuron_memory_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
+    """Pickles ``_snapshot()`` to ``filename``, for pytorch.org/memory_viz."""
     with open(filename, "wb") as f:
-        pickle.dump(_snapshot(), f)
+        pickle.dump(_snapshot(augment_with_fx_traces=augment_with_fx_traces), f)
 
 
 def _fmt(n: float) -> str:
