@@ -151,10 +151,6 @@ def test_device_capability_errors_are_torch_cuda_s(fn):
             f(bad)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="torch.accelerator.get_device_capability() asks the device guard "
-                          "(c10::impl::DeviceGuardImplInterface::getDeviceCapability), which NeuronGuardImpl "
-                          "in csrc/bridge/device_guard.cpp does not override yet")
 def test_torch_accelerator_get_device_capability():
     allocatable = set()
     for dtype in {v for v in vars(torch).values() if isinstance(v, torch.dtype)}:
@@ -168,6 +164,8 @@ def test_torch_accelerator_get_device_capability():
     cap = torch.accelerator.get_device_capability()
     assert cap["supported_dtypes"] == allocatable
     assert torch.accelerator.get_device_capability("neuron:1") == cap
+    with pytest.raises(RuntimeError, match="Invalid device index"):
+        torch.accelerator.get_device_capability(f"neuron:{torch.neuron.device_count()}")
 
 
 def test_stream_context_like_torch_cuda():

@@ -31,6 +31,19 @@ struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
   }
   c10::DeviceIndex deviceCount() const noexcept override { return device_count(); }
 
+  // torch.accelerator.get_device_capability(): the dtypes the device computes.
+  // Every dense one the CPU's kernels do; quantized tensors have no neuron
+  // backend.
+  c10::DeviceCapability getDeviceCapability(c10::Device d) const override {
+    const c10::DeviceIndex index = d.index() < 0 ? current_device() : d.index();
+    TORCH_CHECK(index >= 0 && index < device_count(), "Invalid device index ", int(index), " for ", int(device_count()),
+                " neuron device(s)");
+    c10::DeviceCapability capability;
+    auto& types = capability.capability_data.supported_scalar_types;
+    types.has_QInt8 = types.has_QUInt8 = types.has_QInt32 = types.has_QUInt4x2 = types.has_QUInt2x4 = false;
+    return capability;
+  }
+
   c10::Stream getStream(c10::Device d) const override { return current_stream(d.index()); }
   c10::Stream getDefaultStream(c10::Device d) const override { return default_stream(d.index()); }
   c10::Stream getNewStream(c10::Device d, int /*priority*/) const override {

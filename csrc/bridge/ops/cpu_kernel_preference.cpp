@@ -3,7 +3,8 @@
 // When a backend has no kernel of its own, the dispatcher gives it the
 // CompositeExplicitAutograd implementation, which for a few operators (layer
 // and group norm, addr, ...) is a different algorithm from the CPU kernel and
-// rounds differently. Our device runs the CPU kernels, so for those operators
+// rounds differently; likewise a CompositeImplicitAutograd one beside a CPU
+// kernel (mish_backward, native_channel_shuffle). Our device runs the CPU kernels, so for those operators
 // we route `neuron` to the device executor, which runs the CPU kernel: results
 // then match the CPU bit for bit. The list is computed from the dispatcher
 // when the extension loads, so it follows PyTorch's registrations.
@@ -47,7 +48,8 @@ void prefer_cpu_kernels() {
       if (!op || !(foreach || op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) ||
           op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
           !(op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
-            op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)))
+            op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+            op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)))
         continue;
       std::string qualified = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
       lib->impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&execute>());

@@ -1,0 +1,92 @@
+"""Scaled dot-product attention on `neuron` chooses its kernel as the CPU does
+(csrc/bridge/ops/attention.cpp): results and gradients bit for bit the CPU's,
+and torch.nn.attention.sdpa_kernel is obeyed."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from neuron_testing import SEED
+
+DEV = "neuron"
+
+
+class OpsSeen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def attend_both(dtype, shape_q=(2, 4, 5, 8), shape_kv=(2, 4, 7, 8), mask=None, **kw):
+    g = torch.Generator().manual_seed(SEED)
+    q, k, v = (torch.randn(s, generator=g).to(dtype) for s in (shape_q, shape_kv, shape_kv))
+    grad = torch.randn(shape_q[:-1] + shape_kv[-1:], generator=g).to(dtype)
+    results = []
+    for device in ("cpu", DEV):
+        ins = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+        m = None if mask is None else mask.to(device)
+        seen = OpsSeen()
+        with seen:
+            out = F.scaled_dot_product_attention(*ins, attn_mask=m, **kw)
+        out.backward(grad.to(device))
+        results.append(([out] + [t.grad for t in ins], seen.ops))
+    return results
+
+
+def assert_bitwise(results):
+    (cpu, cpu_ops), (dev, dev_ops) = results
+    assert cpu_ops == dev_ops, "the same kernels run"
+    for name, a, b in zip(("output", "dq", "dk", "dv"), cpu, dev):
+        assert b.device.type == DEV and a.stride() == b.stride(), name
+        assert torch.equal(a, b.cpu()), f"{name}: {(a - b.cpu()).abs().max()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_fused_kernel_as_on_the_cpu(dtype):
+    results = attend_both(dtype)
+    assert "_scaled_dot_product_flash_attention_for_cpu" in results[0][1]
+    assert_bitwise(results)
+
+
+@pytest.mark.parametrize("case", ["causal", "bool mask", "float mask", "scale", "gqa"])
+def test_masks_scales_and_grouped_heads(case):
+    kw = {"causal": dict(is_causal=True, shape_kv=(2, 4, 5, 8)),
+          "bool mask": dict(mask=torch.rand(5, 7, generator=torch.Generator().manual_seed(1)) > 0.3),
+          "float mask": dict(mask=torch.randn(2, 1, 5, 7, generator=torch.Generator().manual_seed(2))),
+          "scale": dict(scale=0.3),
+          "gqa": dict(shape_kv=(2, 2, 7, 8), enable_gqa=True)}[case]
+    assert_bitwise(attend_both(torch.float32, **kw))
+
+
+@pytest.mark.parametrize("backend", [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION])
+def test_sdpa_kernel_choice_is_obeyed(backend):
+    with sdpa_kernel([backend]):
+        results = attend_both(torch.float32)
+    assert ("_scaled_dot_product_flash_attention_for_cpu" in results[1][1]) == (backend == SDPBackend.FLASH_ATTENTION)
+    assert_bitwise(results)
+
+
+def test_no_viable_backend_raises_as_on_the_cpu():
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+        for device in ("cpu", DEV):
+            q = torch.randn(1, 1, 2, 4, device=device)
+            with pytest.raises(RuntimeError, match="No viable backend"):
+                F.scaled_dot_product_attention(q, q, q)
+
+
+def test_transformer_encoder_layer_trains_bitwise():
+    torch.manual_seed(SEED)
+    cpu = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    dev = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to(DEV)
+    x = torch.randn(3, 6, 16)
+    for m, inp in ((cpu, x), (dev, x.to(DEV))):
+        m(inp).square().mean().backward()
+    for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
+        assert torch.equal(p.grad, q.grad.cpu()), name
