@@ -26,6 +26,7 @@
 #include "executor.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/DeviceGuard.h>
 
 #include <optional>
@@ -125,6 +126,25 @@ void run_verifying(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
 
 // Whether a verified call with these arguments may queue; nullopt when its
 // signature has not been seen.
+// Whether a written argument shares device memory with another argument in a
+// way ATen may refuse or must order (x[1:] += x[:-1]: partial overlap; or
+// too hard to tell). Meta kernels cannot see that (meta tensors have no
+// addresses), so such calls run synchronously: their host views share
+// storage (host_views.h), and the CPU kernel's own checks raise at the call
+// with the CPU's exception, or it computes what the CPU computes.
+bool writes_overlapping_memory(c10::ArrayRef<c10::IValue> args, const OpPolicy& policy) {
+  for (size_t w : policy.written) {
+    if (!args[w].isTensor() || !args[w].toTensor().defined()) continue;
+    const at::Tensor& out = args[w].toTensor();
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (i == w || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
+      const auto status = at::get_overlap_status(out, args[i].toTensor());
+      if (status == at::MemOverlapStatus::Partial || status == at::MemOverlapStatus::TooHard) return true;
+    }
+  }
+  return false;
+}
+
 std::optional<bool> meta_verdict(const OpPolicy& policy, uint64_t sig) {
   std::lock_guard<std::mutex> lock(policy.learned.mu);
   auto it = policy.learned.meta_agrees.find(sig);
@@ -144,6 +164,10 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (policy.view) {
     record_execution(*policy.counter, Execution::Queued);
     return run_view(op, policy, stack);
+  }
+  if (!policy.written.empty() && writes_overlapping_memory(args, policy)) {
+    record_execution(*policy.counter, Execution::Synchronizing);
+    return run_synchronously(op, policy, stack, device);
   }
   MetaFailure failure = MetaFailure::NoMetaKernel;
   if (policy.tensor_returns && !policy.data_dependent && !policy.learned.no_meta) {

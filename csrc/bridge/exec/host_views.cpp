@@ -9,6 +9,24 @@
 namespace torchneuron {
 namespace {
 
+// The host storages of the open SharedHostStorages scopes of this thread.
+// They wrap device memory without owning it: a scope lives no longer than its
+// call.
+struct SharedStorages {
+  int depth = 0;
+  c10::SmallVector<c10::Storage, 8> storages;
+
+  c10::Storage find_or_make(void* data, size_t nbytes);
+};
+thread_local SharedStorages shared;
+
+c10::Storage host_storage(void* data, size_t nbytes, bool resizable) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
+                      resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+}
+
+
+
 at::Tensor view_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKey key) {
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(key), t.dtype());
   auto* impl = out.unsafeGetTensorImpl();
@@ -45,9 +63,23 @@ void DeferredHostView::assign(const at::Tensor& t) {
   wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
 }
 
+// Resizable, as a resizable view of it may be asked for: when a kernel grows
+// an out= argument that shares memory with an input, the input's view moves
+// with it, as on the CPU, where the two share one storage too.
+c10::Storage SharedStorages::find_or_make(void* data, size_t nbytes) {
+  for (const c10::Storage& s : storages)
+    if (s.data() == data) return s;
+  return storages.emplace_back(host_storage(data, nbytes, true));
+}
+
+SharedHostStorages::SharedHostStorages() { ++shared.depth; }
+
+SharedHostStorages::~SharedHostStorages() {
+  if (--shared.depth == 0) shared.storages.clear();
+}
+
 at::Tensor DeferredHostView::make(bool resizable) const {
-  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(data, c10::Device(c10::kCPU)),
-                       resizable ? c10::GetCPUAllocator() : nullptr, resizable);
+  c10::Storage storage = shared.depth > 0 ? shared.find_or_make(data, nbytes) : host_storage(data, nbytes, resizable);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                       dtype);
   auto* impl = out.unsafeGetTensorImpl();

@@ -34,6 +34,21 @@ struct DeferredHostView {
   at::Tensor make(bool resizable = false) const;
 };
 
+// While alive, the host views this thread makes of one device storage share
+// one host storage, as the device tensors share theirs, so
+// ATen's overlap and aliasing checks (TensorIterator's partial-overlap check,
+// copy_'s, is_alias_of) see what the CPU would see: x[1:] += x[:-1] raises as
+// on the CPU instead of reading what it has just written. Open one around the
+// views of one kernel call; scopes nest. (Meta views cannot tell: overlap
+// checks compare data addresses, which meta tensors lack; see executor.cpp.)
+class SharedHostStorages {
+ public:
+  SharedHostStorages();
+  ~SharedHostStorages();
+  SharedHostStorages(const SharedHostStorages&) = delete;
+  SharedHostStorages& operator=(const SharedHostStorages&) = delete;
+};
+
 // `t`'s metadata (sizes, strides, offset, dtype, storage size) on Meta.
 at::Tensor meta_view(const at::Tensor& t);
 

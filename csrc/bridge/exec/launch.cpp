@@ -251,6 +251,7 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
   auto out_op = all_defined && fresh == r && r > 0 ? policy.out_op : std::nullopt;
   rt::Stream& stream = current_runtime_stream(device);
   if (policy.fusion != Fusion::None && large && all_defined && adaptive_eager_enabled()) {
+    SharedHostStorages shared;
     task_args.make();
     outputs.make();
     ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, &policy};
@@ -276,6 +277,7 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
           TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
           auto guard = below_autograd();
           c10::AutoGradMode grad_mode(launch->grad_enabled);
+          SharedHostStorages shared;
           static DropWarnings drop;
           c10::WarningUtils::WarningHandlerGuard quiet(&drop);
           task_args.make();
@@ -313,6 +315,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
   const size_t n = schema.arguments().size(), r = schema.returns().size();
   translate_errors([&] { current_runtime_stream(device).synchronize(); });
   std::vector<c10::IValue> originals(stack->end() - n, stack->end());
+  SharedHostStorages shared;
   for (size_t i = 0; i < n; ++i) {
     (*stack)[stack->size() - n + i] = task_arg(originals[i], i, policy, device, false, policy.writes(i));
   }

@@ -9,6 +9,7 @@
 //                    one device it may fuse with queued element-wise work (a
 //                    cast in a chain: adaptive eager)
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_local_scalar_dense_native.h>
 
 #include "../device_state.h"
@@ -38,6 +39,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   TORCH_CHECK((src_dev || self.is_cpu()) && (dst_dev || dst.is_cpu()),
               "copy between ", self.device(), " and ", dst.device(), " is not supported by neuron");
   if (src_dev && dst_dev) {
+    // The checks of the CPU's copy, at the call as there: the device tensors
+    // share what their memory shares.
+    at::assert_no_internal_overlap(dst);
+    at::assert_no_partial_overlap(dst, self);
+    SharedHostStorages shared;  // and so do the host views the copy runs on
     rt::Stream& stream = current_runtime_stream(dst.device().index());
     if (self.device() != dst.device()) {
       rt::Event ready;
