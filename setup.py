@@ -17,7 +17,9 @@ setup(
     description="An emulated AWS NeuronCore as a native PyTorch device: neuron",
     license="Apache-2.0",
     license_files=["LICENSE"],
-    packages=find_packages(include=["torchneuron", "torchneuron.*"]),
+    # torch_neuronx: AWS's import name for TorchNeuron, which Hugging Face
+    # libraries look for (torch_neuronx/__init__.py); it imports torchneuron.
+    packages=find_packages(include=["torchneuron", "torchneuron.*", "torch_neuronx", "torch_neuronx.*"]),
     package_data={"torchneuron": ["py.typed"]},
     # scripts/setup_env.sh builds the extension in place (incremental ninja
     # build) and then registers the package with TORCHNEURON_METADATA_ONLY=1,

@@ -27,7 +27,17 @@ fi
 echo "[setup] building the extension"
 scripts/build.sh
 
-if ! .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'torchneuron' for e in m.entry_points(group='torch.backends')) else 1)"; then
+# Registered = the autoload entry point exists and both top-level packages
+# (torchneuron, torch_neuronx) resolve into this checkout; -P keeps the current
+# directory off sys.path, so only the installed mapping answers.
+if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv/bin/python -P -c "
+import importlib.metadata as m, importlib.util as u, os, sys
+here = os.path.realpath(sys.argv[1])
+ok = any(e.name == 'torchneuron' for e in m.entry_points(group='torch.backends'))
+for name in ('torchneuron', 'torch_neuronx'):
+    spec = u.find_spec(name)
+    ok = ok and spec is not None and os.path.realpath(spec.origin).startswith(here + os.sep)
+sys.exit(0 if ok else 1)" "$PWD"; then
   echo "[setup] registering torchneuron with pip (editable, autoload entry point)"
   TORCH_DEVICE_BACKEND_AUTOLOAD=0 TORCHNEURON_METADATA_ONLY=1 .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
 fi

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -252,6 +253,32 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
     return torch.accelerator.get_memory_info(_index(device))
 
 
+# torch.cuda's deprecated spellings, still called by libraries; each warns as
+# torch.cuda's does and then does what its replacement does.
+def reset_max_memory_allocated(device: Any = None) -> None:
+    warnings.warn("torch.neuron.reset_max_memory_allocated now calls torch.neuron.reset_peak_memory_stats, "
+                  "which resets /all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def reset_max_memory_cached(device: Any = None) -> None:
+    warnings.warn("torch.neuron.reset_max_memory_cached now calls torch.neuron.reset_peak_memory_stats, "
+                  "which resets /all/ peak memory stats.", FutureWarning, stacklevel=2)
+    reset_peak_memory_stats(device)
+
+
+def memory_cached(device: Any = None) -> int:
+    warnings.warn("`torch.neuron.memory_cached` has been renamed to `torch.neuron.memory_reserved`",
+                  FutureWarning, stacklevel=2)
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Any = None) -> int:
+    warnings.warn("`torch.neuron.max_memory_cached` has been renamed to `torch.neuron.max_memory_reserved`",
+                  FutureWarning, stacklevel=2)
+    return max_memory_reserved(device)
+
+
 from . import memory  # noqa: E402  (torch.neuron.memory._snapshot(), as torch.cuda.memory)
 from .memory import _dump_snapshot, _record_memory_history, _snapshot, memory_snapshot, memory_summary  # noqa: E402
 
@@ -298,9 +325,16 @@ def get_rng_state_all() -> list[torch.Tensor]:
     return [get_rng_state(i) for i in range(device_count())]
 
 
-def set_rng_state_all(states) -> None:
-    for i, s in enumerate(states):
-        set_rng_state(s, i)
+def set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+def _default_generators() -> tuple[torch.Generator, ...]:
+    """``torch.neuron.default_generators``: one generator per device, as
+    ``torch.cuda.default_generators`` (read as a module attribute; it
+    initialises the runtime, as CUDA's generators need the driver)."""
+    return tuple(default_generator(i) for i in range(device_count()))
 
 
 # ---------------------------------------------------------------- mixed precision
@@ -310,6 +344,15 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
     return True
+
+
+def is_current_stream_capturing() -> bool:
+    """False: the device has no graph capture (``torch.cuda.graph``), so no
+    stream is ever capturing."""
+    return False
+
+
+from . import amp, random  # noqa: E402  (torch.neuron.amp and torch.neuron.random, as torch.cuda's)
 
 
 def _is_launch_blocking() -> bool:
@@ -325,4 +368,6 @@ def __getattr__(name: str):
         from .compile import inductor_codegen
 
         return inductor_codegen(name)
+    if name == "default_generators":
+        return _default_generators()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
