@@ -280,7 +280,10 @@ def max_memory_cached(device: Any = None) -> int:
 
 
 from . import memory  # noqa: E402  (torch.neuron.memory._snapshot(), as torch.cuda.memory)
-from .memory import _dump_snapshot, _record_memory_history, _snapshot, memory_snapshot, memory_summary  # noqa: E402
+from .memory import (  # noqa: E402
+    _dump_snapshot, _record_memory_history, _snapshot, host_memory_stats, host_memory_stats_as_nested_dict,
+    memory_snapshot, memory_summary, reset_accumulated_host_memory_stats, reset_peak_host_memory_stats,
+)
 
 
 # ---------------------------------------------------------------- random numbers

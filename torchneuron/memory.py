@@ -197,3 +197,41 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     out.append(f" OOMs: {stats.get('num_ooms', 0)}   cache-flush retries: {stats.get('num_alloc_retries', 0)}")
     out.append(line)
     return "\n".join(out)
+
+
+# --- pinned host memory (csrc/bridge/host_allocator.h), as torch.cuda reports it
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """The pinned host allocator's statistics, nested as
+    ``torch.cuda.host_memory_stats_as_nested_dict()`` returns them."""
+    return _C._host_memory_stats()
+
+
+def host_memory_stats() -> dict[str, Any]:
+    """The pinned host allocator's statistics, flat, with the keys of
+    ``torch.cuda.host_memory_stats()``: ``allocations``, ``allocated_bytes``,
+    ``active_requests`` and ``active_bytes`` (each ``.current``, ``.peak``,
+    ``.allocated``, ``.freed``), ``num_host_alloc``, ``num_host_free`` and the
+    ``host_alloc_time`` / ``host_free_time`` durations in microseconds. Blocks
+    are powers of two of at least 4 KiB, so byte counts are the rounded sizes."""
+    flat: dict[str, Any] = {}
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                add(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            flat[prefix] = value
+
+    add("", host_memory_stats_as_nested_dict())
+    return dict(sorted(flat.items()))
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Resets the ``allocated``/``freed`` counts, the counters and the timings."""
+    _C._reset_accumulated_host_memory_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Resets the ``peak`` values to the current ones."""
+    _C._reset_peak_host_memory_stats()

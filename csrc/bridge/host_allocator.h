@@ -1,13 +1,15 @@
 // Pinned host memory for `neuron`: what pin_memory(), is_pinned() and
-// DataLoader(pin_memory=True) use. Pinned buffers let host<->device copies
-// with non_blocking=True run asynchronously, as on CUDA.
+// DataLoader(pin_memory=True) use, registered with PyTorch as the device's
+// host allocator (torch.accelerator.empty_host_cache(), host memory
+// statistics). Pinned buffers let host<->device copies with non_blocking=True
+// run asynchronously, as on CUDA.
 #pragma once
 
-#include <c10/core/Allocator.h>
+#include <ATen/core/CachingHostAllocator.h>
 
 namespace torchneuron {
 
-c10::Allocator& pinned_host_allocator();
+at::HostAllocator& pinned_host_allocator();
 bool is_pinned(const void* ptr);
 
 } // namespace torchneuron

@@ -12,6 +12,7 @@
 #include "../exec/result_placement.h"
 #include "../exec/thread_count.h"
 #include "../generator.h"
+#include "../host_allocator.h"
 #include "../kernels/tanh.h"
 #include "../kernels/vector_math.h"
 #include "../op_tracking.h"
@@ -22,6 +23,32 @@ namespace py = pybind11;
 using namespace torchneuron;
 
 namespace {
+
+// torch.cuda.host_memory_stats_as_nested_dict()'s layout.
+py::dict host_memory_stats() {
+  const at::HostStats s = pinned_host_allocator().get_stats();
+  auto stat = [](const c10::CachingAllocator::Stat& x) {
+    py::dict d;
+    d["current"] = x.current, d["peak"] = x.peak, d["allocated"] = x.allocated, d["freed"] = x.freed;
+    return d;
+  };
+  auto duration = [](const c10::CachingAllocator::DurationStat& x) {
+    py::dict d;
+    d["total"] = x.total, d["max"] = x.max, d["min"] = x.min, d["count"] = x.count;
+    d["avg"] = x.count ? x.total / x.count : 0;
+    return d;
+  };
+  py::dict out;
+  out["allocations"] = stat(s.allocations);
+  out["allocated_bytes"] = stat(s.allocated_bytes);
+  out["active_requests"] = stat(s.active_requests);
+  out["active_bytes"] = stat(s.active_bytes);
+  out["num_host_alloc"] = s.num_host_alloc;
+  out["num_host_free"] = s.num_host_free;
+  out["host_alloc_time"] = duration(s.host_alloc_time);
+  out["host_free_time"] = duration(s.host_free_time);
+  return out;
+}
 
 py::dict memory_snapshot() {
   py::list segments;
@@ -104,6 +131,9 @@ PYBIND11_MODULE(_C, m) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(index)));
   });
   m.def("_memory_snapshot", &memory_snapshot);
+  m.def("_host_memory_stats", &host_memory_stats);  // host_allocator.h
+  m.def("_reset_accumulated_host_memory_stats", [] { pinned_host_allocator().reset_accumulated_stats(); });
+  m.def("_reset_peak_host_memory_stats", [] { pinned_host_allocator().reset_peak_stats(); });
   m.def("_record_memory_history", [](bool enabled) { device_allocator().record_history(enabled); });
   m.def("get_executed_ops", &executed_ops);
   m.def("get_fallback_ops", &fallback_ops);

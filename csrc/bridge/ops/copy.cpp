@@ -22,6 +22,8 @@
 namespace torchneuron::ops {
 namespace {
 
+// The task holds both tensors: a pinned buffer freed by the caller meanwhile
+// stays out of the host allocator's cache until the copy ran.
 void enqueue_copy(rt::Stream& stream, at::Tensor dst, at::Tensor src) {
   translate_errors([&] {
     stream.enqueue("aten::copy_", [dst = std::move(dst), src = std::move(src)]() mutable {
