@@ -124,8 +124,6 @@ void run_verifying(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
   }
 }
 
-// Whether a verified call with these arguments may queue; nullopt when its
-// signature has not been seen.
 // Whether a written argument shares device memory with another argument in a
 // way ATen may refuse or must order (x[1:] += x[:-1]: partial overlap; or
 // too hard to tell). Meta kernels cannot see that (meta tensors have no
@@ -145,6 +143,40 @@ bool writes_overlapping_memory(c10::ArrayRef<c10::IValue> args, const OpPolicy& 
   return false;
 }
 
+// An out= call that grows an empty out argument (also how CompositeExplicit
+// functionals such as abs call their out= kernel): the CPU kernel gives it the
+// layout TensorIterator derives from the inputs (a transposed input, a
+// transposed result), where Python meta kernels make it contiguous.
+bool grows_empty_out(c10::ArrayRef<c10::IValue> args, const OpPolicy& policy, const MetaResult& predicted) {
+  for (size_t k = 0; k < policy.written.size(); ++k) {
+    const c10::IValue& a = args[policy.written[k]];
+    if (a.isTensor() && a.toTensor().defined() && a.toTensor().numel() == 0 && k < predicted.written.size() &&
+        predicted.written[k].defined() && predicted.written[k].numel() > 0)
+      return true;
+  }
+  return false;
+}
+
+// Runs such a call synchronously, and what the CPU kernel did to the written
+// arguments becomes the meta result for these exact arguments, so the next
+// such call queues with the CPU's layout.
+void run_observing_growth(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
+                          c10::DeviceIndex device, const MetaResult& predicted) {
+  const size_t n = op.schema().arguments().size();
+  auto args = torch::jit::last(*stack, n);
+  MetaSignature full;  // before the call: it changes its arguments' metadata
+  const bool keyed = meta_signature(op, args, policy.generators, policy.float_values_free, full);
+  std::vector<at::Tensor> written;
+  for (size_t k : policy.written) written.push_back(args[k].isTensor() ? args[k].toTensor() : at::Tensor());
+  run_synchronously(op, policy, stack, device);
+  if (!keyed) return;
+  MetaResult seen{predicted.returns, {}, true};
+  for (const at::Tensor& w : written) seen.written.push_back(meta_view(w));
+  meta_cache_insert(std::move(full), std::make_shared<const MetaResult>(std::move(seen)));
+}
+
+// Whether a verified call with these arguments may queue; nullopt when its
+// signature has not been seen.
 std::optional<bool> meta_verdict(const OpPolicy& policy, uint64_t sig) {
   std::lock_guard<std::mutex> lock(policy.learned.mu);
   auto it = policy.learned.meta_agrees.find(sig);
@@ -174,6 +206,10 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::shared_ptr<const MetaResult> predicted;
     failure = run_meta(op, policy, args, predicted);
     if (failure == MetaFailure::None) {
+      if (!predicted->observed && grows_empty_out(args, policy, *predicted)) {
+        record_execution(*policy.counter, Execution::Synchronizing);
+        return run_observing_growth(op, policy, stack, device, *predicted);
+      }
       std::optional<bool> agrees;
       uint64_t sig = 0;
       if (policy.verify_meta && !predicted->observed) agrees = meta_verdict(policy, sig = verification_signature(args));
