@@ -58,3 +58,31 @@ def test_later_views_and_contiguous_behave_as_on_the_cpu():
         c = r.contiguous()
         c.add_(1)
         assert torch.equal(r.cpu(), c.cpu())
+
+
+@pytest.mark.parametrize("make, layout", [
+    (lambda x: torch.quantize_per_tensor(x, 0.1, 0, torch.qint8), "quantized"),
+    (lambda x: torch.quantize_per_channel(x.view(2, 2), torch.tensor([0.1, 0.2], device=x.device),
+                                          torch.tensor([0, 0], device=x.device), 0, torch.quint8), "quantized"),
+    (lambda x: x.to_sparse(), "sparse"),
+    (lambda x: x.view(2, 2).to_sparse_csr(), "sparse"),
+], ids=["quantize_per_tensor", "quantize_per_channel", "to_sparse", "to_sparse_csr"])
+def test_quantized_and_sparse_results_are_refused_at_the_call(make, layout):
+    """neuron tensors are dense: an operator that would return another layout
+    raises at the call, naming the operator and the layout, instead of
+    returning a dense tensor with wrong metadata."""
+    with pytest.raises(NotImplementedError, match=f"returns a {layout} tensor"):
+        make(torch.randn(4, device=DEV))
+    assert make(torch.randn(4)).layout != torch.strided or make(torch.randn(4)).is_quantized  # the CPU has them
+
+
+@pytest.mark.parametrize("op", ["kthvalue", "median", "mode"])
+def test_two_empty_outs_grow_apart(op):
+    """Functionals that fill two empty out= tensors (values and indices) give
+    both the CPU's values, at the first call of a signature too."""
+    x = torch.randn(5, 6)
+    f = {"kthvalue": lambda t: torch.kthvalue(t, 2, 0), "median": lambda t: torch.median(t, 1),
+         "mode": lambda t: torch.mode(t, 0)}[op]
+    for _ in range(2):
+        want, got = f(x), f(x.to(DEV))
+        assert torch.equal(got.values.cpu(), want.values) and torch.equal(got.indices.cpu(), want.indices)

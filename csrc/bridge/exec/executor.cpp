@@ -193,6 +193,9 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::optional<c10::DeviceGuard> guard;  // a guard's virtual calls only when the device changes
   if (current_device() != device) guard.emplace(c10::Device(kNeuron, device));
 
+  TORCH_CHECK_NOT_IMPLEMENTED(!policy.unsupported_result, "neuron: ", schema.operator_name(), " returns a ",
+                              policy.unsupported_result, " tensor, and neuron tensors are dense (strided) only; ",
+                              "run it on the CPU (move its inputs with .cpu())");
   if (policy.view) {
     record_execution(*policy.counter, Execution::Queued);
     return run_view(op, policy, stack);

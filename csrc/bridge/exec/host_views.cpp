@@ -79,7 +79,9 @@ SharedHostStorages::~SharedHostStorages() {
 }
 
 at::Tensor DeferredHostView::make(bool resizable) const {
-  c10::Storage storage = shared.depth > 0 ? shared.find_or_make(data, nbytes) : host_storage(data, nbytes, resizable);
+  // Empty storages (no data) share nothing: two empty out= arguments grow apart.
+  c10::Storage storage =
+      shared.depth > 0 && data ? shared.find_or_make(data, nbytes) : host_storage(data, nbytes, resizable);
   auto out = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                       dtype);
   auto* impl = out.unsafeGetTensorImpl();

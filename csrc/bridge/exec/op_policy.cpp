@@ -18,6 +18,8 @@ enum Trait : uint32_t {
   kPlaceResults = 1 << 4,   // functional CPU kernel without out=: computes into device memory
   kNoOutVariant = 1 << 5,   // its out= overload must not be used (see its rule)
   kCpuAlgorithm = 1 << 6,   // its composite picks an algorithm by device type: run the CPU's
+  kQuantizedResult = 1 << 7,  // returns a quantized tensor, which neuron tensors cannot be: refused
+  kSparseResult = 1 << 8,     // returns a sparse (or mkldnn) tensor, likewise
 };
 
 // One rule per operator. `op` is a base name, which covers every overload and
@@ -89,6 +91,16 @@ const Rule kRules[] = {
     // the CPU out= kernel then writes a transposed gradient as if it were
     // contiguous; the functional kernel plus a copy is right for any strides.
     {"_log_softmax_backward_data", kPlaceResults | kNoOutVariant},
+    // Layouts neuron tensors do not have: refused at the call, never given
+    // dense metadata (meta kernels describe some of these results as dense).
+    {"quantize_per_tensor", kQuantizedResult}, {"quantize_per_tensor_dynamic", kQuantizedResult},
+    {"quantize_per_channel", kQuantizedResult}, {"_make_per_tensor_quantized_tensor", kQuantizedResult},
+    {"_make_per_channel_quantized_tensor", kQuantizedResult}, {"to_sparse", kSparseResult},
+    {"_to_sparse", kSparseResult}, {"to_sparse_csr", kSparseResult}, {"_to_sparse_csr", kSparseResult},
+    {"to_sparse_csc", kSparseResult}, {"_to_sparse_csc", kSparseResult}, {"to_sparse_bsr", kSparseResult},
+    {"_to_sparse_bsr", kSparseResult}, {"to_sparse_bsc", kSparseResult}, {"_to_sparse_bsc", kSparseResult},
+    {"_sparse_coo_tensor_with_dims_and_tensors", kSparseResult}, {"_sparse_compressed_tensor_unsafe", kSparseResult},
+    {"sparse_compressed_tensor", kSparseResult}, {"to_mkldnn", kSparseResult},
 };
 
 // The rules that apply to `schema`: its own overload's, then its base name's.
@@ -182,6 +194,7 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
   p->exact = rule.exact;
   p->device_op = rule.device_op;
   p->place_results = rule.traits & kPlaceResults;
+  p->unsupported_result = rule.traits & kQuantizedResult ? "quantized" : rule.traits & kSparseResult ? "sparse" : nullptr;
   if (p->place_results) p->learned.placement = std::make_unique<PlacementHistory>();
   // (Not hasComputedKernelForDispatchKey: PyTorch registers a Meta fallback
   // for every operator, which raises NotImplementedError where no kernel is.)

@@ -15,6 +15,7 @@
 //   out_op           the out= overload its task calls, or another operator's
 //                    out= that computes the same (equivalent_out)
 //   device_op        the device's own kernel replaces ATen's (kernels/device_ops.h)
+//   unsupported_result  returns a quantized or sparse tensor: refused at the call
 //   has_meta_kernel  whether a meta pass can predict its results at all
 //
 // Operators with explicit kernels (the lean path, storage, copies) are the
@@ -77,6 +78,7 @@ struct OpPolicy {
   ExactKind exact = ExactKind::None;
   bool place_results = false;
   DeviceOp device_op = DeviceOp::None;
+  const char* unsupported_result = nullptr;  // "quantized" or "sparse": the call raises NotImplementedError
   std::optional<c10::OperatorHandle> out_op;        // the out= overload of a functional op
   std::optional<EquivalentOutCall> equivalent_out;  // without out_op
 
