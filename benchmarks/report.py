@@ -7,6 +7,7 @@ import os
 from .common import fmt_bytes, fmt_time
 
 TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX, COMPILED_MIN = 1.5, 0.95, 1.0, 1.3, 1.0
+HF_MIN, FIRST_CALL_MAX = 1.0, 2.0
 CHAIN_MIN, CHAIN_BW_MIN = 2.0, 0.7
 ANALYSIS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
 
@@ -35,6 +36,15 @@ def targets(res: dict) -> list[dict]:
             add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
                 r["speed_vs_cpu"] >= E2E_MIN)
     rows += compiled_targets(res)
+    hf = res.get("huggingface", {})
+    for w, r in hf.items():
+        if "speed_vs_cpu" in r:
+            add("huggingface", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {HF_MIN}",
+                r["speed_vs_cpu"] >= HF_MIN)
+    for w, r in hf.get("first_call", {}).items():
+        if isinstance(r, dict) and "ratio_first_call" in r:
+            add("huggingface", f"first_call_{w}", "neuron first call / CPU first call (fresh processes)",
+                r["ratio_first_call"], f"<= {FIRST_CALL_MAX}", r["ratio_first_call"] <= FIRST_CALL_MAX)
     for w, r in res.get("memory", {}).items():
         add("memory", w, "max_memory_reserved / max_memory_allocated", r["reserved_over_allocated"],
             f"<= {RESERVED_MAX}", r["reserved_over_allocated"] <= RESERVED_MAX)
@@ -116,6 +126,9 @@ def plots(res: dict, out: str) -> list[str]:
         ratio_plot("large_ops", "large_ops.png", "Large operators: neuron vs CPU (higher is better)", LARGE_MIN)
     if "end_to_end" in res:
         ratio_plot("end_to_end", "end_to_end.png", "End to end: neuron vs CPU (higher is better)", E2E_MIN)
+    if "huggingface" in res:
+        ratio_plot("huggingface", "huggingface.png", "Hugging Face models: neuron vs CPU (higher is better)",
+                   HF_MIN)
     return made
 
 
@@ -233,6 +246,9 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                      "never written.\n")
         if "end_to_end.png" in plot_files:
             s.append("\n![end to end](end_to_end.png)\n")
+
+    if "huggingface" in res:
+        s.append(huggingface_markdown(res["huggingface"], "huggingface.png" in plot_files))
 
     if "compiled" in res:
         s.append(compiled_markdown(res["compiled"], "compiled.png" in plot_files))
@@ -357,4 +373,55 @@ def compiled_markdown(c: dict, plot: bool) -> str:
                          for b in ("neuron", "cpu_inductor")]))
     if plot:
         s.append("\n![compiled](compiled.png)\n")
+    return "\n".join(s)
+
+
+# -- Hugging Face models (benchmarks/huggingface.py) ----------------------------------------
+
+def huggingface_markdown(h: dict, plot: bool) -> str:
+    s = ["## Hugging Face models (eager)\n"]
+    if "hf_llama_train_step" in h:
+        m = h["hf_llama_train_step"]["model"]
+        s.append(f"* `hf_llama_train_step`: a random-initialised transformers `LlamaForCausalLM` "
+                 f"({m['n_params'] / 1e6:.2f}M parameters, {m['layers']} layers, hidden {m['hidden']}, "
+                 f"{m['heads']} heads ({m['kv_heads']} key-value), vocabulary {m['vocab']}), batch {m['batch']} "
+                 f"of {m['seq']} tokens: forward with the loss, backward, gradient clipping, AdamW.\n")
+    if "minilm_encode" in h:
+        m = h["minilm_encode"]["model"]
+        s.append(f"* `minilm_encode`: sentence-transformers all-MiniLM-L6-v2, the real weights "
+                 f"({m['n_params'] / 1e6:.1f}M parameters), `encode` of {m['sentences']} sentences of 3-30 words "
+                 f"in batches of {m['batch_size']} (tokenisation, the transformer, pooling, normalisation).\n")
+    rows = [(n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}")
+            for n, r in h.items() if "speed_vs_cpu" in r]
+    s.append(_table(["workload", "CPU per call", "neuron per call", "neuron speed / CPU"], rows))
+    fc = h.get("first_call")
+    if fc:
+        z = fc["sizes"]
+        s.append(f"\nFirst-call latency, each workload and device in a fresh process (device initialised and "
+                 f"model moved before the clock starts; the result read back to the host): `gpt_forward`, the "
+                 f"demo GPT's forward on a batch of {z['gpt_batch']} under `no_grad`; `llama_generate`, greedy "
+                 f"`generate` of {z['new_tokens']} tokens from a {z['prompt']}-token prompt on the Llama above. "
+                 "*Later*: the median of the next three calls in the same process. Medians over "
+                 f"{fc['processes_per_device']} processes per device.\n\n")
+        work = [w for w, r in fc.items() if isinstance(r, dict) and "ratio_first_call" in r]
+        s.append(_table(["workload", "CPU first", "CPU later", "neuron first", "neuron later",
+                         "neuron first / CPU first"],
+                        [(w, fmt_time(fc[w]["cpu"]["first_call_s"]), fmt_time(fc[w]["cpu"]["later_call_s"]),
+                          fmt_time(fc[w]["neuron"]["first_call_s"]), fmt_time(fc[w]["neuron"]["later_call_s"]),
+                          f"{fc[w]['ratio_first_call']:.2f}") for w in work]))
+        for w in work:
+            b = fc[w].get("neuron_breakdown")
+            if not b:
+                continue
+            f1, f2 = b["first"], b["second"]
+            s.append(f"\nWhere `{w}`'s first call goes on neuron (one more fresh process, the first and second "
+                     f"calls profiled alike): first call {fmt_time(f1['s'])}, second {fmt_time(f2['s'])}; inside "
+                     f"Python meta kernels {fmt_time(f1['python_meta_s'])} and {fmt_time(f2['python_meta_s'])}; "
+                     f"meta-pass signatures learned {f1['meta_signatures']} and {f2['meta_signatures']}. "
+                     "Operators with the most extra host time on the first call (torch.profiler, self time):\n\n")
+            s.append(_table(["operator", "calls", "first call", "second call", "extra"],
+                            [(f"`{o['op']}`", o["calls"], fmt_time(o["first_s"]), fmt_time(o["second_s"]),
+                              fmt_time(o["extra_s"])) for o in b["top_ops_by_extra_host_time"][:8]]))
+    if plot:
+        s.append("\n![Hugging Face models](huggingface.png)\n")
     return "\n".join(s)

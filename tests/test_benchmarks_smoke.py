@@ -17,7 +17,7 @@ def test_benchmark_smoke_run(tmp_path):
     res = json.loads((tmp_path / "results.json").read_text())
 
     assert {"machine", "config", "limits", "tiny_ops", "large_ops", "end_to_end", "memory", "profile",
-            "nki_kernels", "compiled", "targets", "elapsed_s"} <= set(res)
+            "nki_kernels", "compiled", "huggingface", "targets", "elapsed_s"} <= set(res)
     assert res["config"]["smoke"] is True
     for key in ("cpu_model", "logical_cores", "torch_version", "date"):
         assert res["machine"][key]
@@ -41,11 +41,20 @@ def test_benchmark_smoke_run(tmp_path):
     for v in ("cpu_inductor", "neuron_eager", "neuron_compiled", "neuron_reduce_overhead"):
         assert c[v]["s"] > 0
     assert res["compiled"]["replay_stats"]["replays"] > 0, res["compiled"]
+    hf = res["huggingface"]
+    for w in ("hf_llama_train_step", "minilm_encode"):
+        assert hf[w]["neuron_s"] > 0 and hf[w]["cpu_s"] > 0
+    for w in ("gpt_forward", "llama_generate"):
+        for d in ("neuron", "cpu"):
+            assert hf["first_call"][w][d]["first_call_s"] > 0 and hf["first_call"][w][d]["later_call_s"] > 0
+    breakdown = hf["first_call"]["gpt_forward"]["neuron_breakdown"]
+    assert breakdown["first"]["meta_signatures"] > 0 and breakdown["top_ops_by_extra_host_time"]
     assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "fusion", "end to end", "memory",
-                                                    "compiled"}
+                                                    "compiled", "huggingface"}
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md
-    assert "NKI kernels on the emulator" in md
-    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "nki_kernels.png", "compiled.png"):
+    assert "NKI kernels on the emulator" in md and "## Hugging Face models" in md
+    for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "nki_kernels.png", "compiled.png",
+                "huggingface.png"):
         assert (tmp_path / png).stat().st_size > 0
