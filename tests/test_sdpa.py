@@ -90,3 +90,35 @@ def test_transformer_encoder_layer_trains_bitwise():
         m(inp).square().mean().backward()
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
         assert torch.equal(p.grad, q.grad.cpu()), name
+
+
+@pytest.mark.parametrize("name", ["nn.functional.scaled_dot_product_attention",
+                                  "nn.functional.multi_head_attention_forward"])
+def test_opinfo_samples_bitwise(name):
+    """Every OpInfo sample of the two attention operators (dropout off),
+    forward and backward, bit for bit the CPU's."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    op = next(o for o in op_db if o.name == name)
+    ran = 0
+    for sample in op.sample_inputs("cpu", torch.float32, requires_grad=True):
+        kwargs = dict(sample.kwargs)
+        if "training" in kwargs:  # multi_head_attention_forward: dropout off
+            kwargs["training"] = False
+        if kwargs.get("dropout_p", 0):
+            continue
+        outs = []
+        for device in ("cpu", DEV):
+            def move(t):
+                return t.detach().to(device).requires_grad_(t.requires_grad) if isinstance(t, torch.Tensor) else t
+            inp, args = move(sample.input), [move(a) for a in sample.args]
+            kw = {k: move(v) for k, v in kwargs.items()}
+            out = op(inp, *args, **kw)
+            out = out[0] if isinstance(out, tuple) else out
+            leaves = [t for t in [inp, *args, *kw.values()] if isinstance(t, torch.Tensor) and t.requires_grad]
+            grads = torch.autograd.grad(out.sum(), leaves, allow_unused=True)
+            outs.append([out.detach().cpu()] + [g.cpu() if g is not None else None for g in grads])
+        for a, b in zip(*outs):
+            assert (a is None and b is None) or torch.equal(a, b), name
+        ran += 1
+    assert ran > 0
