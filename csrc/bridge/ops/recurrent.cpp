@@ -395,42 +395,25 @@ std::tuple<Tensor, Tensor, Tensor> lstm_packed(const Tensor& data, const Tensor&
                       bidirectional, has_projections(hx));
 }
 
-std::tuple<Tensor, Tensor> gru_padded(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases,
-                                      int64_t num_layers, double dropout_p, bool train, bool bidirectional,
-                                      bool batch_first) {
-  return one_hidden_rnn_padded<GRUCell>(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional,
-                                        batch_first);
-}
-std::tuple<Tensor, Tensor> gru_packed(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,
-                                      TensorList params, bool has_biases, int64_t num_layers, double dropout_p,
-                                      bool train, bool bidirectional) {
-  return one_hidden_rnn_packed<GRUCell>(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train,
-                                        bidirectional);
-}
-std::tuple<Tensor, Tensor> rnn_tanh_padded(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases,
-                                           int64_t num_layers, double dropout_p, bool train, bool bidirectional,
-                                           bool batch_first) {
-  return one_hidden_rnn_padded<SimpleCell<tanh_of>>(input, hx, params, has_biases, num_layers, dropout_p, train,
-                                                    bidirectional, batch_first);
-}
-std::tuple<Tensor, Tensor> rnn_tanh_packed(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,
-                                           TensorList params, bool has_biases, int64_t num_layers, double dropout_p,
-                                           bool train, bool bidirectional) {
-  return one_hidden_rnn_packed<SimpleCell<tanh_of>>(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p,
-                                                    train, bidirectional);
-}
-std::tuple<Tensor, Tensor> rnn_relu_padded(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases,
-                                           int64_t num_layers, double dropout_p, bool train, bool bidirectional,
-                                           bool batch_first) {
-  return one_hidden_rnn_padded<SimpleCell<relu_of>>(input, hx, params, has_biases, num_layers, dropout_p, train,
-                                                    bidirectional, batch_first);
-}
-std::tuple<Tensor, Tensor> rnn_relu_packed(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,
-                                           TensorList params, bool has_biases, int64_t num_layers, double dropout_p,
-                                           bool train, bool bidirectional) {
-  return one_hidden_rnn_packed<SimpleCell<relu_of>>(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p,
-                                                    train, bidirectional);
-}
+// The padded (`.input`) and packed (`.data`) overloads of one-hidden-state RNNs,
+// as kernels.h declares them.
+#define TORCHNEURON_ONE_HIDDEN_RNN_KERNELS(name, Cell)                                                              \
+  std::tuple<Tensor, Tensor> name##_padded(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases, \
+                                           int64_t num_layers, double dropout_p, bool train, bool bidirectional,     \
+                                           bool batch_first) {                                                       \
+    return one_hidden_rnn_padded<Cell>(input, hx, params, has_biases, num_layers, dropout_p, train, bidirectional,  \
+                                       batch_first);                                                                 \
+  }                                                                                                                  \
+  std::tuple<Tensor, Tensor> name##_packed(const Tensor& data, const Tensor& batch_sizes, const Tensor& hx,         \
+                                           TensorList params, bool has_biases, int64_t num_layers, double dropout_p, \
+                                           bool train, bool bidirectional) {                                         \
+    return one_hidden_rnn_packed<Cell>(data, batch_sizes, hx, params, has_biases, num_layers, dropout_p, train,     \
+                                       bidirectional);                                                               \
+  }
+TORCHNEURON_ONE_HIDDEN_RNN_KERNELS(gru, GRUCell)
+TORCHNEURON_ONE_HIDDEN_RNN_KERNELS(rnn_tanh, SimpleCell<tanh_of>)
+TORCHNEURON_ONE_HIDDEN_RNN_KERNELS(rnn_relu, SimpleCell<relu_of>)
+#undef TORCHNEURON_ONE_HIDDEN_RNN_KERNELS
 
 std::tuple<Tensor, Tensor> lstm_cell(const Tensor& input, TensorList hx, const Tensor& w_ih, const Tensor& w_hh,
                                      const std::optional<Tensor>& b_ih, const std::optional<Tensor>& b_hh) {
