@@ -10,18 +10,24 @@ arrays, and as device tasks on the current stream when called with
 See docs/nki.md.  The emulator itself runs on NumPy only; the torch side
 (``torch_bridge``, behind ``nki_op``) loads on first use.
 """
-from . import compiler, isa, language  # noqa: F401  (submodules are part of the API)
+from . import compiler, isa, language, typing  # noqa: F401  (submodules are part of the API)
+from .bench import benchmark, profile
 from .import_names import install_import_aliases, uninstall_import_aliases
 from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
-from .jit import Kernel, baremetal, jit, register_adapter, run_on_host_buffers, simulate_kernel
-from .machine import TARGETS, Buffer, TileSize
+from .jit import Kernel, baremetal, jit, register_adapter, run_on_host_buffers, simulate, simulate_kernel
+from .machine import MACHINES, TARGETS, Buffer, Machine, TileSize, get_machine, set_machine
+from .perf import estimate, timeline
 from .tensor import NkiTensor
 
+# upstream's beta-1 name of the tensor type (``def kernel(x: nki.tensor)``)
+tensor = NkiTensor
+
 __all__ = [
-    "jit", "baremetal", "Kernel", "simulate_kernel", "run_on_host_buffers", "register_adapter",
-    "install_import_aliases", "uninstall_import_aliases",
+    "jit", "baremetal", "benchmark", "profile", "simulate", "simulate_kernel", "Kernel", "run_on_host_buffers",
+    "register_adapter", "install_import_aliases", "uninstall_import_aliases",
+    "estimate", "timeline", "set_machine", "get_machine", "MACHINES", "Machine",
     "NKIError", "NKILimitError", "NKIOutOfBoundsError", "NKITypeError",
-    "NkiTensor", "Buffer", "TileSize", "TARGETS", "language", "isa", "compiler", "nki_op",
+    "NkiTensor", "tensor", "Buffer", "TileSize", "TARGETS", "language", "isa", "compiler", "typing", "nki_op",
 ]
 
 

@@ -9,13 +9,14 @@ import threading
 
 import numpy as np
 
-from .machine import MemoryAccount, Target, debug_enabled, default_target
+from .liveness import Liveness
+from .machine import Machine, debug_enabled, default_target
 
 
 class LaunchState:
     """What all instances of one launch share: grid, outputs, options."""
 
-    def __init__(self, grid=(), *, target: Target | None = None, debug: bool | None = None,
+    def __init__(self, grid=(), *, target: Machine | None = None, debug: bool | None = None,
                  hbm_allocator=None, kernel_name: str = "<no kernel>"):
         self.grid = tuple(grid)
         self.target = target or default_target()
@@ -27,15 +28,18 @@ class LaunchState:
         self.shared_outputs: list = []
         # False when replaying a recorded program (capacity was checked when recording)
         self.account_memory = True
+        # perf.Recorder collecting the instructions for the performance model, or None
+        self.profile = None
 
 
 class InstanceState:
-    """One SPMD instance: its program id, on-chip memory and engine registers."""
+    """One SPMD instance: its program id, on-chip memory accounting and engine registers."""
 
     def __init__(self, launch: LaunchState, program_id=()):
         self.launch = launch
         self.program_id = tuple(program_id)
-        self.account = MemoryAccount(launch.target)
+        # instruction count and on-chip buffers for the capacity check (interpretation only)
+        self.liveness = Liveness(launch.target) if launch.account_memory else None
         self.shared_counter = 0
         # accumulation registers of instructions with reduce_cmd (per engine)
         self.accumulators: dict = {}

@@ -29,6 +29,52 @@ class _TFloat32:
 
 tfloat32 = _TFloat32()
 
+class Packed:
+    """A 4-packed MX element type (NeuronCore-v4): four 8-bit or 4-bit floats in one 32- or 16-bit element.
+
+    Stored as its unsigned integer of the same width; element ``j`` of a
+    pack is byte ``j`` (fp8) or nibble ``j`` (fp4), lowest first.  Only DMA
+    (bit copies), ``quantize_mx`` and ``nc_matmul_mx`` handle them.
+    """
+
+    __slots__ = ("name", "element", "bits", "storage")
+
+    def __init__(self, name, element, bits):
+        self.name, self.element, self.bits = name, np.dtype(element), bits
+        self.storage = np.dtype(np.uint32 if bits == 8 else np.uint16)
+
+    @property
+    def itemsize(self):
+        return self.storage.itemsize
+
+    def unpack(self, raw: np.ndarray) -> np.ndarray:
+        """float32 values, shape ``raw.shape + (4,)``."""
+        raw = np.ascontiguousarray(raw, dtype=self.storage)
+        if self.bits == 8:
+            return raw.view(np.uint8).reshape(raw.shape + (4,)).view(self.element).astype(np.float32)
+        nib = np.stack([(raw >> (4 * j)) & 0xF for j in range(4)], axis=-1).astype(np.uint8)
+        return nib.view(self.element).astype(np.float32)
+
+    def pack(self, values: np.ndarray) -> np.ndarray:
+        """Round float32 values of shape ``(..., 4)`` to the element type and pack them."""
+        q = np.ascontiguousarray(values, dtype=np.float32).astype(self.element)
+        if self.bits == 8:
+            return q.view(np.uint8).reshape(q.shape[:-1] + (4,)).view(self.storage).reshape(q.shape[:-1])
+        b = q.view(np.uint8).astype(np.uint16) & 0xF
+        return (b[..., 0] | (b[..., 1] << 4) | (b[..., 2] << 8) | (b[..., 3] << 12)).astype(np.uint16)
+
+    def __repr__(self):
+        return self.name
+
+    def __reduce__(self):
+        return self.name
+
+
+float8_e5m2_x4 = Packed("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8)
+float8_e4m3fn_x4 = Packed("float8_e4m3fn_x4", ml_dtypes.float8_e4m3fn, 8)
+float4_e2m1fn_x4 = Packed("float4_e2m1fn_x4", ml_dtypes.float4_e2m1fn, 4)
+PACKED = (float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4)
+
 bool_ = np.dtype(np.bool_)
 int8 = np.dtype(np.int8)
 int16 = np.dtype(np.int16)
@@ -44,6 +90,8 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+# the MX scale type: an 8-bit power of two, 2**(bits - 127)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
 fp32 = float32
 
 _BY_NAME = {
@@ -51,11 +99,12 @@ _BY_NAME = {
     "uint8": uint8, "uint16": uint16, "uint32": uint32, "float16": float16,
     "fp16": float16, "float32": float32, "fp32": float32, "bfloat16": bfloat16,
     "bf16": bfloat16, "float8_e4m3": float8_e4m3, "float8_e4m3fn": float8_e4m3fn,
-    "float8_e5m2": float8_e5m2, "tfloat32": tfloat32,
+    "float8_e5m2": float8_e5m2, "tfloat32": tfloat32, "float8_e8m0fnu": float8_e8m0fnu,
+    "float8_e5m2_x4": float8_e5m2_x4, "float8_e4m3fn_x4": float8_e4m3fn_x4, "float4_e2m1fn_x4": float4_e2m1fn_x4,
 }
 
 SUPPORTED = (bool_, int8, int16, int32, uint8, uint16, uint32, float16, float32,
-             bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2)
+             bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu)
 
 
 _NORMALIZED: dict = {}
@@ -67,7 +116,7 @@ def normalize(dtype):
         return _NORMALIZED[dtype]  # every instruction asks; np.dtype's name lookup is slow
     except (KeyError, TypeError):
         pass
-    if dtype is None or dtype is tfloat32:
+    if dtype is None or dtype is tfloat32 or isinstance(dtype, Packed):
         return dtype
     result = _normalize(dtype)
     try:
@@ -99,24 +148,32 @@ def _normalize(dtype):
 
 def storage(dtype) -> np.dtype:
     """NumPy dtype used to hold values of an NKI dtype."""
-    return float32 if dtype is tfloat32 else np.dtype(dtype)
+    if dtype is tfloat32:
+        return float32
+    if isinstance(dtype, Packed):
+        return dtype.storage
+    return np.dtype(dtype)
 
 
 def itemsize(dtype) -> int:
-    return 4 if dtype is tfloat32 else np.dtype(dtype).itemsize
+    return 4 if dtype is tfloat32 else storage(dtype).itemsize
 
 
 def name(dtype) -> str:
-    return "tfloat32" if dtype is tfloat32 else np.dtype(dtype).name
+    if dtype is tfloat32 or isinstance(dtype, Packed):
+        return dtype.name
+    return np.dtype(dtype).name
 
 
 def is_float(dtype) -> bool:
+    if isinstance(dtype, Packed):
+        return False
     return dtype is tfloat32 or np.issubdtype(storage(dtype), np.floating) or storage(dtype) in (
-        bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2)
+        bfloat16, float8_e4m3, float8_e4m3fn, float8_e5m2, float8_e8m0fnu)
 
 
 def is_int(dtype) -> bool:
-    return dtype is not tfloat32 and np.issubdtype(np.dtype(dtype), np.integer)
+    return dtype is not tfloat32 and not isinstance(dtype, Packed) and np.issubdtype(np.dtype(dtype), np.integer)
 
 
 def _round_tf32(x: np.ndarray) -> np.ndarray:
@@ -146,6 +203,10 @@ def from_compute(values, dtype) -> np.ndarray:
     values = np.asarray(values)
     if dtype is tfloat32:
         return _round_tf32(values.astype(np.float32, copy=False))
+    if isinstance(dtype, Packed):
+        if values.dtype == dtype.storage:
+            return values  # bits moved by DMA
+        raise TypeError(f"engines cannot write {dtype.name} values; quantize_mx produces them")
     d = np.dtype(dtype)
     if values.dtype == d:
         return values

@@ -27,10 +27,20 @@ def kernel_location(skip_package: bool = True) -> str:
 class NKIError(Exception):
     """Base class of every error raised for an invalid NKI program."""
 
-    def __init__(self, message: str, *, location: str | None = None):
+    def __init__(self, message: str, *, location: str | None = None, note: str | None = None):
         self.location = location if location is not None else kernel_location()
         self.detail = message
-        super().__init__(f"{message} [at {self.location}]")
+        self.note = note
+        super().__init__(self._text())
+
+    def _text(self):
+        text = f"{self.detail} [at {self.location}]"
+        return text if not self.note else f"{text}\n{self.note}"
+
+    def relocate(self, location: str):
+        """Name another kernel line (a replayed instruction's) as the error's location."""
+        self.location = location
+        self.args = (self._text(),)
 
 
 class NKILimitError(NKIError, ValueError):
@@ -40,12 +50,13 @@ class NKILimitError(NKIError, ValueError):
     what the kernel asked for and ``maximum`` what the hardware allows.
     """
 
-    def __init__(self, limit: str, value, maximum, what: str, *, location: str | None = None):
+    def __init__(self, limit: str, value, maximum, what: str, *, location: str | None = None,
+                 note: str | None = None):
         self.limit = limit
         self.value = value
         self.maximum = maximum
         super().__init__(f"NKI limit {limit} exceeded: {what} is {value}, maximum is {maximum}",
-                         location=location)
+                         location=location, note=note)
 
 
 class NKIOutOfBoundsError(NKIError, IndexError):

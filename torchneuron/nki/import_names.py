@@ -3,58 +3,112 @@
 ``torchneuron.nki.install_import_aliases()`` enters this package in
 ``sys.modules`` under the names ``neuronxcc.nki`` (beta 1) and ``nki``
 (NKI 0.x), with their ``language``, ``isa``, ``typing`` and ``compiler``
-submodules. It refuses to shadow a real installation unless ``force=True``.
-Only module names of this package are added; PyTorch is not involved.
+submodules, and ``torch_xla`` (``torch_xla.core.xla_model``): the device the
+PyTorch drivers of published kernels ask XLA for is ``neuron``.  It refuses
+to shadow a real installation unless ``force=True``.  Only module objects
+are added; torch is imported when a ``torch_xla`` function is first called.
 """
 from __future__ import annotations
 
+import importlib.util
 import sys
 import types
 
 _ROOTS = ("neuronxcc.nki", "nki")
+_SUBMODULES = ("language", "isa", "typing", "compiler")
+_XLA = ("torch_xla", "torch_xla.core", "torch_xla.core.xla_model")
 
 
-def _typing_module():
-    mod = types.ModuleType("torchneuron.nki.typing")
-
-    class _TensorType:
-        """``nt.tensor[shape, dtype]`` annotations: accepted, not checked."""
-
-        def __getitem__(self, item):
-            return self
-
-        def __call__(self, *a, **k):
-            return self
-
-    mod.tensor = _TensorType()
-    mod.mutable_tensor = mod.tensor
-    mod.scalar = mod.tensor
-    return mod
+def _neuron_device(n=None, devkind=None):
+    import torch
+    import torchneuron  # noqa: F401  (registers the neuron device)
+    return torch.device("neuron", torch.neuron.current_device() if n is None else int(n))
 
 
-def install_import_aliases(force: bool = False):
-    """Make ``import neuronxcc.nki.language as nl`` / ``import nki.isa as nisa`` load this emulator."""
-    from . import compiler, isa, language
+def _synchronize(*args, **kwargs):
+    import torch
+    import torchneuron  # noqa: F401
+    torch.neuron.synchronize()
+
+
+def _devices(devkind=None, max_devices=None):
+    import torch
+    import torchneuron  # noqa: F401
+    n = torch.neuron.device_count()
+    names = [f"neuron:{i}" for i in range(n)]
+    return names[:max_devices] if max_devices else names
+
+
+def _xla_modules():
+    """``torch_xla`` with what the drivers of published NKI kernels use, answered by the neuron device.
+
+    ``xla_device()``/``torch_xla.device()`` return ``neuron`` devices;
+    ``mark_step()`` (and ``torch_xla.sync()``, ``wait_device_ops()``) wait
+    for the device's queued work, the closest eager counterpart of cutting
+    and running an XLA graph.
+    """
+    xm = types.ModuleType("torch_xla.core.xla_model")
+    xm.__doc__ = "torch_xla.core.xla_model answered by torchneuron's neuron device (install_import_aliases)."
+    xm.xla_device = _neuron_device
+    xm.mark_step = _synchronize
+    xm.wait_device_ops = _synchronize
+    xm.get_xla_supported_devices = _devices
+    xm.xla_device_hw = lambda device=None: "NEURON"
+    xm.xrt_world_size = lambda *a, **k: 1
+    xm.world_size = lambda *a, **k: 1
+    xm.get_ordinal = lambda *a, **k: 0
+    xm.is_master_ordinal = lambda *a, **k: True
+    core = types.ModuleType("torch_xla.core")
+    core.__path__ = []
+    core.xla_model = xm
+    root = types.ModuleType("torch_xla")
+    root.__doc__ = "torch_xla as seen by NKI kernel drivers: the neuron device (torchneuron.nki.install_import_aliases)."
+    root.__path__ = []
+    root.core = core
+    root.device = _neuron_device
+    root.sync = _synchronize
+    root.devices = _devices
+    return {"torch_xla": root, "torch_xla.core": core, "torch_xla.core.xla_model": xm}
+
+
+def _real_module(name):
+    """Is ``name`` importable from an installation (not from our aliases)?"""
+    if name in sys.modules:
+        mod = sys.modules[name]
+        return not getattr(mod, "_torchneuron_alias", False)
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install_import_aliases(force: bool = False, torch_xla: bool = True):
+    """Make ``import neuronxcc.nki.language as nl`` / ``import nki.isa as nisa`` load this emulator,
+    and (``torch_xla=True``) ``from torch_xla.core import xla_model as xm`` give the neuron device."""
+    from . import compiler, isa, language, typing
     pkg = sys.modules["torchneuron.nki"]
-    extras = {"typing": _typing_module(), "compiler": compiler}
-    for name, mod in extras.items():
-        sys.modules.setdefault(f"torchneuron.nki.{name}", mod)
-        setattr(pkg, name, sys.modules[f"torchneuron.nki.{name}"])
+    subs = {"language": language, "isa": isa, "typing": typing, "compiler": compiler}
     for root in _ROOTS:
         existing = sys.modules.get(root)
         if existing is not None and existing is not pkg and not force:
             raise ImportError(f"module {root!r} is already imported from {getattr(existing, '__file__', '?')}; "
                               f"pass force=True to replace it")
         sys.modules[root] = pkg
-        sys.modules[root + ".language"] = language
-        sys.modules[root + ".isa"] = isa
-        for name in extras:
-            sys.modules[f"{root}.{name}"] = sys.modules[f"torchneuron.nki.{name}"]
+        for name, mod in subs.items():
+            sys.modules[f"{root}.{name}"] = mod
     if "neuronxcc" not in sys.modules or force:
         parent = types.ModuleType("neuronxcc")
         parent.nki = pkg
         parent.__path__ = []  # a package, so submodule imports resolve via sys.modules
+        parent._torchneuron_alias = True
         sys.modules["neuronxcc"] = parent
+    if torch_xla:
+        if _real_module("torch_xla") and not force:
+            raise ImportError("a torch_xla installation exists; pass torch_xla=False to keep it, or force=True "
+                              "to answer its name with the neuron device")
+        for name, mod in _xla_modules().items():
+            mod._torchneuron_alias = True
+            sys.modules[name] = mod
     return pkg
 
 
@@ -62,7 +116,9 @@ def uninstall_import_aliases():
     """Remove the import names entered by install_import_aliases()."""
     pkg = sys.modules.get("torchneuron.nki")
     for key in list(sys.modules):
+        mod = sys.modules[key]
         if key == "neuronxcc" or any(key == r or key.startswith(r + ".") for r in _ROOTS):
-            if sys.modules[key] is pkg or key.split(".")[-1] in ("language", "isa", "typing", "compiler") \
-                    or key == "neuronxcc":
+            if mod is pkg or key.split(".")[-1] in _SUBMODULES or getattr(mod, "_torchneuron_alias", False):
                 del sys.modules[key]
+        elif key in _XLA and getattr(mod, "_torchneuron_alias", False):
+            del sys.modules[key]

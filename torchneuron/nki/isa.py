@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 
+import ml_dtypes
 import numpy as np
 
 from . import dtypes as _dt
@@ -54,10 +55,12 @@ class reduce_cmd(enum.Enum):
 class nc_version(enum.Enum):
     gen2 = 2
     gen3 = 3
+    gen4 = 4
 
 
 def get_nc_version():
-    return nc_version.gen3 if current().launch.target.name.endswith("v3") else nc_version.gen2
+    """The NeuronCore generation of the machine the kernel runs on (``set_machine``/``target=``)."""
+    return nc_version(current().launch.target.generation)
 
 
 class dge_mode(enum.Enum):
@@ -164,21 +167,140 @@ def nc_matmul(*args, **kwargs):
     r = _ops.matmul_values(kw["stationary"], kw["moving"], "nisa.nc_matmul")
     if dst is None:
         return _ops.result(r, _dt.float32, kw.get("mask"), Buffer.psum, "nc_matmul")
-    dst = _tile(dst, "nc_matmul dst")
+    return _into_psum(dst, r, kw.get("accumulate"), "nisa.nc_matmul")
+
+
+def _into_psum(dst, r, acc, what):
+    """Write or accumulate a matmul result into a PSUM tile (see nc_matmul for ``accumulate``)."""
+    dst = _tile(dst, f"{what} dst")
     if dst.buffer is not Buffer.psum:
-        raise NKITypeError("nisa.nc_matmul writes PSUM; dst is in " + dst.buffer.value)
+        raise NKITypeError(f"{what} writes PSUM; dst is in " + dst.buffer.value)
     r = align_to(r, dst.shape)
-    acc = kw.get("accumulate")
     if acc is not False and _ops.update_in_place(dst, np.add, r, whole_group=acc is None):
         return dst
     if acc is False:
         new = r
     else:
-        cur = dst.compute_values(None, "nc_matmul accumulate")
+        cur = dst.compute_values(None, f"{what} accumulate")
         if acc is None:
             cur = np.where(dst._psum_valid_view(), cur, F32(0))
         new = cur + r
     dst.write(new)
+    return dst
+
+
+# ------------------------------------------------------- MX (NeuronCore-v4)
+def _require_mx(what):
+    m = current().launch.target
+    if not m.mx_matmul:
+        raise NKITypeError(f"{what} is available only on NeuronCore-v4 (Trainium3); the kernel runs on "
+                           f"{m.device} ({m.name}): select trn3 with set_machine, TORCHNEURON_MACHINE or "
+                           f"@nki.jit(platform_target='trn3')")
+
+
+def _scale_rows(partitions):
+    """Row of the scale tile holding the scale of each data partition's group: the 8-partition groups of
+    a 32-partition quadrant keep their scales in the quadrant's first 4 rows."""
+    p = np.arange(partitions)
+    return (p // 32) * 32 + (p % 32) // 8
+
+
+def _mx_operand(data, scale, what):
+    data, scale = _tile(data, what), _tile(scale, what + " scale")
+    dt = data.dtype
+    if not isinstance(dt, _dt.Packed):
+        raise NKITypeError(f"{what} must be float8_e5m2_x4, float8_e4m3fn_x4 or float4_e2m1fn_x4, got {_dt.name(dt)}")
+    for t, name in ((data, what), (scale, what + "_scale")):
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"nisa.nc_matmul_mx: {name} must be in SBUF, got {t.buffer.value}")
+    if _dt.name(scale.dtype) not in ("uint8", "float8_e8m0fnu"):
+        raise NKITypeError(f"nisa.nc_matmul_mx: scales must be uint8 or float8_e8m0fnu, got {_dt.name(scale.dtype)}")
+    raw = data.raw_values(None, what)
+    k, f = raw.shape[0], int(np.prod(raw.shape[1:], dtype=np.int64))
+    if k % 32 or k > TileSize.pmax:
+        raise NKILimitError("nc_matmul_mx partition size", k, TileSize.pmax,
+                            f"{what} partition size (a multiple of 32)")
+    vals = dt.unpack(raw.reshape(k, f))                      # [K, F, 4]
+    rows = _scale_rows(k)
+    sc = scale.raw_values(None, what + " scale").reshape(scale.shape[0], -1)
+    if sc.shape[0] <= rows.max() or sc.shape[1] < f:
+        raise NKITypeError(f"nisa.nc_matmul_mx: the {what} scale tile {tuple(scale.shape)} does not cover "
+                           f"{tuple(raw.shape)} data (scales of partition p in row (p//32)*32 + (p%32)//8)")
+    factors = np.ldexp(np.float32(1), sc.view(np.uint8)[rows, :f].astype(np.int32) - 127).astype(F32)
+    return vals * factors[:, :, None], k, f
+
+
+def nc_matmul_mx(*args, **kwargs):
+    """MX matmul (NeuronCore-v4): dequantised stationary.T @ moving into PSUM.
+
+    ``stationary`` [K, M] and ``moving`` [K, N] hold packed MX values (each
+    element four contraction values); their scale tiles give one power of two
+    per group of 8 partitions x 4 packed values.  ``accumulate`` as for
+    nc_matmul; a bfloat16 ``dst`` rounds the float32 sum once."""
+    kw = dict(kwargs)
+    names = ["dst", "stationary", "moving", "stationary_scale", "moving_scale"]
+    for n, a in zip(names, args):
+        kw[n] = a
+    _require_mx("nisa.nc_matmul_mx")
+    s, k, m = _mx_operand(kw["stationary"], kw["stationary_scale"], "stationary")
+    v, k2, n = _mx_operand(kw["moving"], kw["moving_scale"], "moving")
+    if k != k2:
+        raise NKITypeError(f"nisa.nc_matmul_mx: contraction sizes differ: stationary {k}, moving {k2}")
+    if m > TileSize.gemm_stationary_fmax:
+        raise NKILimitError("nl.tile_size.gemm_stationary_fmax", m, TileSize.gemm_stationary_fmax,
+                            "nc_matmul_mx stationary free size")
+    r = np.matmul(s.transpose(1, 0, 2).reshape(m, k * 4), v.transpose(0, 2, 1).reshape(k * 4, n), dtype=F32)
+    return _into_psum(kw["dst"], r, kw.get("accumulate"), "nisa.nc_matmul_mx")
+
+
+_MX_MAX_EXP = {"float8_e4m3fn": 8, "float8_e5m2": 15}
+
+
+def quantize_mx(*args, **kwargs):
+    """Quantize bf16/fp16 ``src`` [P, F] to MXFP8 (NeuronCore-v4): ``dst`` [P, F/4] packed values and
+    ``dst_scale`` one scale per group of 8 partitions x 4 values (in the scale-row layout of nc_matmul_mx).
+
+    The scale of a group with largest magnitude ``a`` is 2**(floor(log2 a) - (Emax - 1)), Emax 8 for
+    float8_e4m3fn and 15 for float8_e5m2 (2**-127 for an all-zero group); values are divided by it,
+    saturated to the format's largest finite value and rounded to nearest even."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "src", "dst_scale"], args):
+        kw[n] = a
+    _require_mx("nisa.quantize_mx")
+    dst, src, dscale = _tile(kw["dst"], "dst"), _tile(kw["src"], "src"), _tile(kw["dst_scale"], "dst_scale")
+    for t, name in ((dst, "dst"), (src, "src"), (dscale, "dst_scale")):
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"nisa.quantize_mx: {name} must be in SBUF, got {t.buffer.value}")
+    if not isinstance(dst.dtype, _dt.Packed) or dst.dtype.bits != 8:
+        raise NKITypeError(f"nisa.quantize_mx: dst must be float8_e5m2_x4 or float8_e4m3fn_x4, got {_dt.name(dst.dtype)}")
+    if _dt.name(src.dtype) not in ("bfloat16", "float16"):
+        raise NKITypeError(f"nisa.quantize_mx: src must be bfloat16 or float16, got {_dt.name(src.dtype)}")
+    v, _ = _values(src, "nisa.quantize_mx")
+    p = v.shape[0]
+    v = v.reshape(p, -1)
+    f = v.shape[1]
+    if p % 32 or p > TileSize.pmax or f % 4:
+        raise NKITypeError(f"nisa.quantize_mx: src {tuple(src.shape)} must have a multiple of 32 partitions "
+                           f"(at most 128) and a free size that is a multiple of 4")
+    elem = dst.dtype.element
+    emax = _MX_MAX_EXP[elem.name]
+    fmax = float(ml_dtypes.finfo(elem).max)
+    groups = np.abs(v).reshape(p // 8, 8, f // 4, 4).max(axis=(1, 3))           # [P/8, F/4]
+    _, e = np.frexp(groups)
+    exp = np.where(groups > 0, e - 1 - (emax - 1), -127)
+    biased = np.clip(exp + 127, 0, 254).astype(np.uint8)
+    scale = np.ldexp(np.float32(1), biased.astype(np.int32) - 127).astype(F32)
+    per_elem = np.repeat(np.repeat(scale, 8, axis=0), 4, axis=1)                # [P, F]
+    q = np.clip(v / per_elem, -fmax, fmax).reshape(p, f // 4, 4)
+    dst.write(dst.dtype.pack(q).reshape(dst.shape))
+    rows = _scale_rows(p)[::8]
+    out = np.zeros(tuple(dscale.shape), dtype=_dt.storage(dscale.dtype)).reshape(dscale.shape[0], -1)
+    if out.shape[0] <= rows.max() or out.shape[1] < f // 4:
+        raise NKITypeError(f"nisa.quantize_mx: dst_scale {tuple(dscale.shape)} cannot hold the scales of "
+                           f"{tuple(src.shape)} (partition groups in rows (p//32)*32 + (p%32)//8)")
+    cur = dscale.raw_values(None, "dst_scale").reshape(out.shape).copy()
+    cur.view(np.uint8)[rows, :f // 4] = biased
+    dscale.write(cur.reshape(dscale.shape))
     return dst
 
 
@@ -247,7 +369,10 @@ def tensor_reduce(*args, **kwargs):
         r = _ops.reduce_values(kw["op"], v, axes, kw.get("keepdims", False))
     if kw.get("negate", False):
         r = -r
-    return _emit(dst, np.asarray(r, dtype=F32), kw.get("dtype") or d, mask=kw.get("mask"), name="tensor_reduce")
+    mask = kw.get("mask")
+    if mask is not None and np.ndim(mask) == v.ndim:
+        mask = _ops.reduce_mask(mask, v.shape, axes, kw.get("keepdims", False))
+    return _emit(dst, np.asarray(r, dtype=F32), kw.get("dtype") or d, mask=mask, name="tensor_reduce")
 
 
 def tensor_partition_reduce(*args, **kwargs):

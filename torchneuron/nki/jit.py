@@ -15,14 +15,15 @@ import contextlib
 import functools
 import importlib
 import itertools
+import os
 
 import numpy as np
 
-from .context import InstanceState, LaunchState, running
+from .context import InstanceState, LaunchState, in_kernel, running
 from .errors import NKIError
-from .machine import Buffer, TARGETS
+from .machine import Buffer, resolve_machine
 from .tensor import NkiTensor, wrap_host_array
-from .trace import Recorder, TraceCache
+from .trace import Recorder, TraceCache, counting
 
 # Adapters for framework tensors: objects with ``accepts(args, kwargs)`` and
 # ``launch(kernel, grid, args, kwargs)``.  Modules listed in _LAZY_ADAPTERS
@@ -63,7 +64,7 @@ def _single_threaded_blas():
 
 
 def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=None, debug=None,
-                        kernel_name=None, cache=None):
+                        kernel_name=None, cache=None, profile=None):
     """Run ``fn`` on the emulator with NumPy-compatible buffers.
 
     This is the seam for device integration: every ``np.ndarray`` in ``args``
@@ -71,8 +72,10 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     tensor without copying; ``hbm_allocator(shape, np_dtype)`` creates the
     storage of ``shared_hbm`` outputs (NumPy zeros/garbage by default).
     With a ``cache`` (``trace.TraceCache``) the launch replays the program
-    recorded for its signature, or records one.  Returns the kernel's return
-    value with HBM tensors replaced by their arrays.
+    recorded for its signature, or records one.  With ``profile`` (a
+    ``perf.Recorder``) the launch is interpreted and its instructions are
+    recorded for the performance model.  Returns the kernel's return value
+    with HBM tensors replaced by their arrays.
     """
     grid = tuple(int(g) for g in grid)
     launch = LaunchState(grid, target=target, debug=debug, hbm_allocator=hbm_allocator,
@@ -99,6 +102,9 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     wargs = [wrap(a, names[i] if i < len(names) else f"arg{i}") for i, a in enumerate(args)]
     wkwargs = {k: wrap(v, k) for k, v in kwargs.items()}
     points = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
+    if profile is not None:
+        cache = None
+    launch.profile = profile
     key = cache.key(grid, launch, args, kwargs) if cache is not None and cache.enabled() else None
     program = cache.lookup(key) if cache is not None else False
     with _single_threaded_blas():
@@ -126,8 +132,15 @@ def _interpret(fn, launch, points, wargs, wkwargs, rec):
     for pid in points:
         if rec is not None:
             rec.begin_instance(pid)
-        with running(InstanceState(launch, pid)):
+        state = InstanceState(launch, pid)
+        live = state.liveness
+        if live is not None and launch.profile is not None:
+            launch.profile.instance = pid
+            live.profile = launch.profile
+        with running(state), counting(live):
             result = fn(*wargs, **wkwargs)
+        if live is not None:
+            live.check()
     return result
 
 
@@ -159,18 +172,26 @@ class Kernel:
     """A function decorated with ``@nki.jit``.
 
     ``kernel(*args)`` runs one instance; ``kernel[gx, gy](*args)`` runs an
-    SPMD grid.  Options: ``target='v2'|'v3'``, ``debug=True`` (uninitialised
-    memory is NaN/garbage), ``trace_cache=False`` (interpret every call; the
-    default follows TORCHNEURON_NKI_TRACE_CACHE, on unless it is 0).  Other
-    keyword options of the real decorator (mode, platform_target, ...) are
-    accepted and ignored.
+    SPMD grid (in NKI 0.x, ``kernel[2]`` is the logical-NeuronCore degree:
+    two instances, ``nl.program_id(0)`` 0 and 1).  Options: ``target=`` or
+    ``platform_target=`` (a machine model: ``"trn2"``, ``"trn3"``, ``"v3"``,
+    ...; default the ``set_machine``/TORCHNEURON_MACHINE setting),
+    ``debug=True`` (uninitialised memory is NaN/garbage), ``trace_cache=False``
+    (interpret every call; the default follows TORCHNEURON_NKI_TRACE_CACHE, on
+    unless it is 0).  Other keyword options of the real decorator (mode,
+    additional_compile_opt, ...) are accepted and ignored.
+
+    Called inside another kernel with tiles, a kernel runs inline as a
+    subroutine of the caller, as the compiler inlines it.
     """
 
-    def __init__(self, fn, *, grid=(), target=None, debug=None, trace_cache=None, **options):
+    def __init__(self, fn, *, grid=(), target=None, debug=None, trace_cache=None, platform_target=None,
+                 **options):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.grid = tuple(grid)
-        self.target = TARGETS[target.replace("neuroncore-", "")] if isinstance(target, str) else target
+        target = target if target is not None else platform_target
+        self.target = resolve_machine(target) if target is not None else None
         self.debug = debug
         self.options = options
         # shared by kernel[grid] copies: the grid is part of the signature
@@ -195,6 +216,8 @@ class Kernel:
         return k
 
     def __call__(self, *args, **kwargs):
+        if in_kernel() and not self.grid and _has_tile(args, kwargs):
+            return self.fn(*args, **kwargs)
         fw = _framework_of(list(args) + list(kwargs.values()))
         if fw is not None:
             importlib.import_module(_LAZY_ADAPTERS[fw])
@@ -209,16 +232,45 @@ class Kernel:
         return f"<nki.jit kernel {self.fn.__name__} grid={self.grid}>"
 
 
-def jit(fn=None, **options):
-    """Decorate an NKI kernel: ``@nki.jit`` or ``@nki.jit(debug=True)``."""
+def _has_tile(args, kwargs):
+    for v in list(args) + list(kwargs.values()):
+        if isinstance(v, NkiTensor) or (isinstance(v, (list, tuple)) and any(isinstance(x, NkiTensor) for x in v)):
+            return True
+    return False
+
+
+def jit(fn=None, mode="auto", **options):
+    """Decorate an NKI kernel: ``@nki.jit`` or ``@nki.jit(debug=True)``.
+
+    ``mode`` (upstream: "auto", "baremetal", "simulation", "torchxla", "jax",
+    "benchmark") is accepted; every mode runs on the emulator, the framework
+    being taken from the arguments.
+    """
     if fn is None:
         return lambda f: Kernel(f, **options)
+    if isinstance(fn, Kernel):
+        return fn
     return Kernel(fn, **options)
 
 
-def baremetal(fn=None, **options):
-    """Upstream's decorator for running a kernel directly on NumPy arrays; here the same as jit."""
-    return jit(fn, **options)
+def baremetal(kernel=None, **options):
+    """``nki.baremetal``: run a kernel on NumPy arrays (compile options and NEFF/NTFF names are accepted).
+
+    ``save_trace_name`` writes the kernel's modelled instruction trace there,
+    as ``nki.profile`` does."""
+    from .bench import _Profiled
+    trace_name = options.pop("save_trace_name", None)
+    neff_name = options.pop("save_neff_name", None)
+    for k in ("additional_compile_opt", "artifacts_dir"):
+        options.pop(k, None)
+
+    def wrap(fn):
+        k = fn if isinstance(fn, Kernel) else Kernel(fn, **options)
+        if trace_name is None and neff_name is None:
+            return k
+        return _Profiled(k, working_directory=os.getcwd(), save_neff_name=neff_name,
+                         save_trace_name=trace_name)
+    return wrap if kernel is None else wrap(kernel)
 
 
 def simulate_kernel(kernel, *args, **kwargs):
@@ -227,3 +279,19 @@ def simulate_kernel(kernel, *args, **kwargs):
         return run_on_host_buffers(kernel.fn, kernel.grid, args, kwargs, target=kernel.target,
                                    debug=kernel.debug, kernel_name=kernel.fn.__name__, cache=kernel._traces)
     return run_on_host_buffers(kernel, (), args, kwargs)
+
+
+def simulate(kernel):
+    """``nki.simulate(kernel)``: the kernel as a callable that runs it on the CPU.
+
+    NumPy arguments give NumPy results; torch tensors give torch tensors (on
+    their device: CPU tensors run synchronously on the host).  A plain
+    function is wrapped with ``jit`` first; ``nki.simulate(kernel[2])``
+    keeps the grid."""
+    k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+    @functools.wraps(k.fn)
+    def simulated(*args, **kwargs):
+        return k(*args, **kwargs)
+    simulated.kernel = k
+    return simulated

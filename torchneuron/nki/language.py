@@ -17,7 +17,7 @@ from . import dtypes as _dt
 from . import ops as _ops
 from .context import current
 from .errors import NKIError, NKITypeError
-from .machine import Buffer, TileSize
+from .machine import Buffer, TileSize, tile_size
 from .tensor import DynSlice, NkiTensor, ParDim, align_to, allocate, pair_shapes
 from .trace import instruction, instructions
 
@@ -27,6 +27,8 @@ int8, int16, int32 = _dt.int8, _dt.int16, _dt.int32
 uint8, uint16, uint32 = _dt.uint8, _dt.uint16, _dt.uint32
 float16, float32, bfloat16, tfloat32 = _dt.float16, _dt.float32, _dt.bfloat16, _dt.tfloat32
 float8_e4m3, float8_e4m3fn, float8_e5m2 = _dt.float8_e4m3, _dt.float8_e4m3fn, _dt.float8_e5m2
+float8_e8m0fnu = _dt.float8_e8m0fnu
+float8_e5m2_x4, float8_e4m3fn_x4, float4_e2m1fn_x4 = _dt.float8_e5m2_x4, _dt.float8_e4m3fn_x4, _dt.float4_e2m1fn_x4
 fp32 = float32
 static_cast = _dt.static_cast
 
@@ -36,8 +38,6 @@ psum = Buffer.psum
 hbm = Buffer.hbm
 private_hbm = Buffer.private_hbm
 shared_hbm = Buffer.shared_hbm
-
-tile_size = TileSize
 
 
 def par_dim(n):
@@ -377,14 +377,15 @@ def mean(x, axis=None, dtype=None, mask=None, keepdims=False, **kwargs):
     v, d = _ops.operand(x, "nl.mean")
     axes = _ops.normalize_axis(axis, v.ndim)
     return _ops.result(np.mean(v, axis=axes, keepdims=keepdims, dtype=np.float32),
-                       dtype if dtype is not None else d, _m(mask, x))
+                       dtype if dtype is not None else d, _ops.reduce_mask(_m(mask, x), v.shape, axes, keepdims))
 
 
 def var(x, axis=None, dtype=None, mask=None, keepdims=False, **kwargs):
     """Population variance over the given free axes (float32)."""
     v, d = _ops.operand(x, "nl.var")
     axes = _ops.normalize_axis(axis, v.ndim)
-    return _ops.result(np.var(v, axis=axes, keepdims=keepdims, dtype=np.float32), dtype if dtype is not None else d)
+    return _ops.result(np.var(v, axis=axes, keepdims=keepdims, dtype=np.float32), dtype if dtype is not None else d,
+                       _ops.reduce_mask(_m(mask, x), v.shape, axes, keepdims))
 
 
 def where(condition, x, y, dtype=None, mask=None, **kwargs):

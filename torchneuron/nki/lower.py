@@ -141,8 +141,7 @@ class FastProgram:
                         op(V, X, launch)
                 except NKIError as e:
                     loc = self.locations[k][i]
-                    e.location = loc
-                    e.args = (f"{e.detail} [at {loc}]",)
+                    e.relocate(loc)
                     raise
             return _result(self.result, H, slot_meta)
         finally:

@@ -197,6 +197,15 @@ def unary(f, x, *, dtype=None, mask=None, what=None):
     return result(np.asarray(r).astype(F32), dtype if dtype is not None else (d or _dt.float32), mask)
 
 
+def reduce_mask(mask, shape, axes, keepdims):
+    """The predicate of a reduction's result from one over its operand: an output element is
+    computed where any element reduced into it is."""
+    if mask is None:
+        return None
+    m = np.broadcast_to(align_to(np.asarray(mask, dtype=bool), tuple(shape)), tuple(shape))
+    return m.any(axis=axes, keepdims=keepdims) if axes else m
+
+
 def reduce(op, x, axis, *, dtype=None, mask=None, keepdims=False, negate=False, what="reduce"):
     v, d = operand(x, what)
     axes = normalize_axis(axis, v.ndim)
@@ -204,7 +213,8 @@ def reduce(op, x, axis, *, dtype=None, mask=None, keepdims=False, negate=False, 
         r = reduce_values(op, v, axes, keepdims)
     if negate:
         r = -r
-    return result(np.asarray(r).astype(F32), dtype if dtype is not None else d, mask)
+    return result(np.asarray(r).astype(F32), dtype if dtype is not None else d,
+                  reduce_mask(mask, v.shape, axes, keepdims))
 
 
 @instruction

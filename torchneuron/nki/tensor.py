@@ -78,11 +78,6 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=
     shape = tuple(clean)
     if buffer.on_chip:
         _check_tile_shape(shape, par, buffer, f"{buffer.value} tensor {name}".rstrip())
-        # a replayed program was checked against the capacity when recorded
-        footprint = onchip_footprint(shape, par, dtype, buffer) if state.launch.account_memory else 0
-        account = state.account
-    else:
-        footprint, account = 0, None
     if values is not None:
         data = np.ascontiguousarray(_dt.from_compute(np.broadcast_to(values, shape), dtype))
         if data.base is not None or not data.flags.writeable:
@@ -93,7 +88,12 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=
         data = state.launch.hbm_allocator(shape, _dt.storage(dtype))
     else:
         data = new_storage(shape, dtype, state.launch.debug)
-    alloc = Allocation(data, buffer, dtype, par, name, account=account, footprint=footprint)
+    alloc = Allocation(data, buffer, dtype, par, name)
+    if buffer.on_chip:
+        # a replayed program was checked against the capacity when recorded
+        live = state.liveness
+        if live is not None:
+            live.allocated(alloc, onchip_footprint(shape, par, dtype, buffer, state.launch.target))
     if values is not None or fill is not None:
         alloc.written = True
         if alloc.psum_valid is not None:
@@ -109,6 +109,14 @@ def wrap_host_array(array: np.ndarray, buffer: Buffer = Buffer.hbm, name: str = 
     alloc = Allocation(array, buffer, dtype, 0, name)
     alloc.written = True
     return NkiTensor(alloc, array, None, None, 0)
+
+
+def _reinterpreted(alloc: Allocation, data, dtype, par) -> Allocation:
+    """A buffer over ``alloc``'s memory seen as another dtype; its uses keep ``alloc`` live."""
+    new = Allocation(data, alloc.buffer, dtype, par, alloc.name)
+    new.written = True
+    new.owner = alloc.owner if alloc.owner is not None else alloc
+    return new
 
 
 def _ext_coords(shape, lo, hi, k):
@@ -181,6 +189,12 @@ class NkiTensor:
     # --------------------------------------------------------------- access
     def _is_whole(self):
         return self._arr is not None and self._arr is self._alloc.data
+
+    def _reshaped_whole(self):
+        """A reshape of the whole tensor (same elements, same order)?"""
+        a, data = self._arr, self._alloc.data
+        return (a is not None and a.size == data.size and a.flags.c_contiguous
+                and a.__array_interface__["data"][0] == data.__array_interface__["data"][0])
 
     def read(self) -> np.ndarray:
         """Current contents (storage dtype), without bounds checking."""
@@ -321,15 +335,14 @@ class NkiTensor:
         if len(pattern) == 1 and pattern[0] and isinstance(pattern[0][0], (list, tuple)):
             pattern = pattern[0]
         pattern = [(int(s), int(n)) for s, n in pattern]
-        if not self._is_whole():
+        if not (self._is_whole() or self._reshaped_whole()):
             raise NKIError("cannot specify an access pattern on an already indexed tensor; call .ap() on the tensor itself")
         alloc = self._alloc
         data = alloc.data
         if dtype is not None:
             dtype = _dt.normalize(dtype)
             data = data.reshape(-1).view(_dt.storage(dtype))
-            alloc = Allocation(data, alloc.buffer, dtype, alloc.par_axis, alloc.name)
-            alloc.written = True
+            alloc = _reinterpreted(alloc, data, dtype, alloc.par_axis)
         if self.buffer.on_chip and len(pattern) > 0:
             free = int(np.prod(data.shape[1:], dtype=np.int64)) if dtype is None else data.size // self.shape[0]
             if pattern[0][0] != free:
@@ -391,8 +404,7 @@ class NkiTensor:
             raise NKIError("view(dtype) needs a whole tensor")
         dtype = _dt.normalize(dtype)
         data = self._alloc.data.view(_dt.storage(dtype))
-        alloc = Allocation(data, self.buffer, dtype, self._par, self.name)
-        alloc.written = True
+        alloc = _reinterpreted(self._alloc, data, dtype, self._par)
         return NkiTensor(alloc, data, None, None, self._par)
 
     # ----------------------------------------------------------- arithmetic

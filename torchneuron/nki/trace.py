@@ -79,15 +79,46 @@ class _Untraceable(Exception):
 
 
 def instruction(fn):
-    """Mark a kernel-visible operation: one step of a recorded program."""
+    """Mark a kernel-visible operation: one step of a recorded program, and one step of
+    the instance's liveness count (``liveness.Liveness``) while it is interpreted."""
     @functools.wraps(fn)
     def op(*args, **kwargs):
+        live = getattr(_tls, "live", None)
         rec = getattr(_tls, "rec", None)
-        if rec is None or rec.depth:
-            return fn(*args, **kwargs)
-        return rec.call(fn, args, kwargs)
+        if live is None or live.depth:
+            if rec is None or rec.depth:
+                return fn(*args, **kwargs)
+            return rec.call(fn, args, kwargs)
+        live.depth = 1
+        try:
+            out = fn(*args, **kwargs) if rec is None or rec.depth else rec.call(fn, args, kwargs)
+        finally:
+            live.depth = 0
+        live.after(fn, args, kwargs, out)
+        return out
     op._nki_instruction = fn
     return op
+
+
+def liveness():
+    """The liveness count of the instance this thread is interpreting, or None."""
+    return getattr(_tls, "live", None)
+
+
+class counting:
+    """Context manager: count the instructions of ``live`` (a liveness.Liveness) on this thread."""
+
+    def __init__(self, live):
+        self.live = live
+
+    def __enter__(self):
+        self.prev = getattr(_tls, "live", None)
+        _tls.live = self.live
+        return self.live
+
+    def __exit__(self, *exc):
+        _tls.live = self.prev
+        return False
 
 
 def instructions(namespace: dict, module: str, exclude=()):
@@ -266,8 +297,7 @@ class Program:
                         step.run(allocs)
                     except NKIError as e:
                         # errors name the kernel line that issued the instruction
-                        e.location = step.location
-                        e.args = (f"{e.detail} [at {step.location}]",)
+                        e.relocate(step.location)
                         raise
         return _make_result(self.result, allocs)
 

@@ -1,0 +1,160 @@
+"""SBUF/PSUM capacity by liveness: a tile occupies memory from its allocation to its last use.
+
+The compiler allocates on-chip memory by liveness: a tile's space is free
+after the last instruction that touches it (or a view of it).  While an
+instance is interpreted, every outermost instruction is numbered; each
+on-chip buffer remembers the step it was allocated in and the last step that
+read or wrote it (``Allocation.born``/``last_use``).  When the instance ends,
+a sweep over those intervals finds the first point where the live set of a
+memory exceeds its capacity, and raises ``NKILimitError`` naming the
+capacity, the tile whose allocation overflowed (its kernel line is the
+error's location) and the live tiles with their sizes and lines.
+
+A tile no instruction ever touches after allocating it is live only at its
+allocation.  The check runs on interpretation (first call of a signature,
+or every call with the trace cache off); replays reuse the recorded verdict.
+"""
+from __future__ import annotations
+
+import heapq
+import os
+
+from . import dtypes as _dt
+from .errors import NKILimitError, _PACKAGE_DIR
+
+_IN_PACKAGE: dict = {}
+
+
+def kernel_site():
+    """(file, line, function) of the innermost frame outside this package (cheap form of errors.kernel_location)."""
+    import sys
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        inside = _IN_PACKAGE.get(code)
+        if inside is None:
+            inside = _IN_PACKAGE[code] = os.path.abspath(code.co_filename).startswith(_PACKAGE_DIR + os.sep)
+        if not inside:
+            return (code.co_filename, frame.f_lineno, code.co_name)
+        frame = frame.f_back
+    return ("<unknown>", 0, "?")
+
+
+def format_site(site) -> str:
+    if site is None:
+        return "<unknown location>"
+    return f"{site[0]}:{site[1]} (in {site[2]})"
+
+
+class Liveness:
+    """Per-instance instruction counter and the on-chip buffers allocated so far."""
+
+    __slots__ = ("machine", "step", "depth", "allocs", "profile", "peak")
+
+    def __init__(self, machine):
+        self.machine = machine
+        self.step = 0
+        self.depth = 0
+        self.allocs = []
+        # perf.Recorder collecting instruction records for the performance model, or None
+        self.profile = None
+        self.peak = {}
+
+    def allocated(self, alloc, footprint):
+        alloc.footprint = footprint
+        alloc.born = alloc.last_use = self.step
+        alloc.where = kernel_site()
+        self.allocs.append(alloc)
+
+    def after(self, fn, args, kwargs, out):
+        """An outermost instruction finished: every on-chip buffer it touched is used at this step."""
+        step = self.step
+        _touch(args, step)
+        if kwargs:
+            _touch(kwargs.values(), step)
+        if out is not None:
+            _touch((out,), step)
+        if self.profile is not None:
+            self.profile.record(fn, args, kwargs, out, step)
+        self.step = step + 1
+
+    def check(self):
+        """Raise NKILimitError if the live SBUF or PSUM set ever exceeds the capacity."""
+        from .machine import Buffer
+        for buffer, cap in ((Buffer.sbuf, self.machine.sbuf_bytes_per_partition),
+                            (Buffer.psum, self.machine.psum_bytes_per_partition)):
+            allocs = [a for a in self.allocs if a.buffer is buffer and a.footprint]
+            self.peak[buffer] = _sweep(allocs, cap, buffer, self.machine)
+
+
+_NkiTensor = None
+
+
+def _touch(values, step):
+    global _NkiTensor
+    NkiTensor = _NkiTensor
+    if NkiTensor is None:
+        from .tensor import NkiTensor
+        _NkiTensor = NkiTensor
+    for v in values:
+        if isinstance(v, NkiTensor):
+            a = v._alloc
+            if a.owner is not None:
+                a = a.owner
+            if a.born >= 0:
+                a.last_use = step
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                if isinstance(x, NkiTensor):
+                    a = x._alloc
+                    if a.owner is not None:
+                        a = a.owner
+                    if a.born >= 0:
+                        a.last_use = step
+                elif isinstance(x, (list, tuple, dict)):
+                    _touch((x,), step)
+        elif isinstance(v, dict):
+            _touch(v.values(), step)
+
+
+def _sweep(allocs, cap, buffer, machine) -> int:
+    """Peak live bytes per partition; raises at the first allocation that goes over ``cap``."""
+    allocs.sort(key=lambda a: a.born)
+    live = []   # heap of (last_use, index, alloc)
+    used = peak = 0
+    for i, a in enumerate(allocs):
+        while live and live[0][0] < a.born:
+            _, _, dead = heapq.heappop(live)
+            used -= dead.footprint
+        heapq.heappush(live, (a.last_use, i, a))
+        used += a.footprint
+        if used > cap:
+            raise _capacity_error(a, [x[2] for x in live], used, cap, buffer, machine)
+        peak = max(peak, used)
+    return peak
+
+
+def _describe(a) -> str:
+    return (f"{a.name or 'tile'} {tuple(a.data.shape)} {_dt.name(a.dtype)}: {a.footprint} B/partition, "
+            f"allocated at {format_site(a.where)}")
+
+
+def _capacity_error(a, live, used, cap, buffer, machine):
+    mem = buffer.value.upper()
+    live = sorted(live, key=lambda x: (-x.footprint, x.born))
+    shown = live[:24]
+    lines = [f"  {_describe(x)}" for x in shown]
+    if len(live) > len(shown):
+        rest = sum(x.footprint for x in live[len(shown):])
+        lines.append(f"  ... and {len(live) - len(shown)} more tiles, {rest} B/partition")
+    total = cap * machine.partitions
+    err = NKILimitError(
+        f"{mem} capacity ({machine.device} {machine.name}: {total // (1 << 20)} MiB, {cap} bytes per partition)",
+        f"{used} bytes per partition", f"{cap} bytes per partition",
+        f"the live {mem} set when allocating {a.name or 'a tile'} {tuple(a.data.shape)} {_dt.name(a.dtype)}",
+        location=format_site(a.where),
+        note=f"{len(live)} live {mem} tiles (largest first):\n" + "\n".join(lines))
+    err.live_tiles = [{"name": x.name, "shape": tuple(x.data.shape), "dtype": _dt.name(x.dtype),
+                       "bytes_per_partition": x.footprint, "location": format_site(x.where)} for x in live]
+    err.capacity = cap
+    return err
