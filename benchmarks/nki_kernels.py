@@ -1,6 +1,9 @@
 """NKI kernels on the emulator: a tiled bf16 matmul and a fused causal attention forward.
 
 Per kernel:
+* the performance model's latency on Trainium2 and Trainium3 (``nki.estimate``:
+  modelled device time, MFU, MBU, the busiest engine), which is what the
+  kernel would take on the chip by the published figures, not a measurement;
 * the emulator's first call (interprets the kernel and records its trace) and
   its steady state (replays the trace), on NumPy arrays and on neuron tensors;
   and the steady state with the trace cache off (the kernel interpreted on
@@ -141,7 +144,13 @@ def _measure(kernel, numpy_fn, torch_fns, np_args, cfg: Config, bar) -> dict:
             args = [t.to(dt) for t in cpu_args]
             fn(*args)
             r[f"torch_cpu_{name}_{label}_s"] = _samples(lambda: fn(*args), CPU, reps)
+    for machine in ("trn2", "trn3"):
+        rep = nki.estimate(kernel, *np_args, machine=machine)
+        r[f"model_{machine}"] = {"latency_us": rep.latency_us, "mfu": rep.mfu, "mbu": rep.mbu,
+                                 "bottleneck": rep.bottleneck, "instructions": rep.instructions}
     r["replay_over_numpy_loop_nest"] = r["numpy_replay_s"] / r["numpy_loop_nest_s"]
+    best_torch = min(v for k, v in r.items() if k.startswith("torch_cpu_") and k.endswith("_s"))
+    r["replay_over_torch_cpu"] = r["numpy_replay_s"] / best_torch
     r["interpret_over_replay"] = r["numpy_interpret_s"] / r["numpy_replay_s"]
     r["first_over_replay"] = r["numpy_first_s"] / r["numpy_replay_s"]
     bar.update(1)

@@ -318,6 +318,11 @@ def _nki_kernels_md(res: dict, plot_files: list[str]) -> str:
         s.append(f"\n**{name}** ({r['shape']}); emulator vs NumPy loop nest max abs difference "
                  f"{r['max_abs_diff_vs_numpy']:.2g}.\n\n")
         s.append(_table(["variant", "time", "/ emulator steady state"], rows))
+        models = [(m, r[f"model_{m}"]) for m in ("trn2", "trn3") if f"model_{m}" in r]
+        if models:
+            s.append("\nPerformance model (`nki.estimate`, modelled device time, not measured): " + "; ".join(
+                f"{m}: {x['latency_us']:.1f} us, MFU {100 * x['mfu']:.0f}%, MBU {100 * x['mbu']:.0f}%, "
+                f"{x['bottleneck']}-bound" for m, x in models) + ".\n")
     if "nki_kernels.png" in plot_files:
         s.append("\n![NKI kernels](nki_kernels.png)\n")
     return "\n".join(s)

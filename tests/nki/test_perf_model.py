@@ -195,3 +195,33 @@ def test_profile_writes_the_trace(tmp_path):
     assert (tmp_path / "vector_bound_summary.json").exists()
     with pytest.raises(ValueError, match="absolute"):
         nki.profile(working_directory="relative/dir")(vector_bound)
+
+
+@nki.jit
+def beta1_tiled(lhsT, rhs):
+    k, m = lhsT.shape
+    n = rhs.shape[1]
+    out = nl.ndarray((m, n), dtype=lhsT.dtype, buffer=nl.shared_hbm)
+    for i in nl.affine_range(m // 128):
+        acc = nl.zeros((128, 512), nl.float32, buffer=nl.psum)
+        for kk in nl.affine_range(k // 128):
+            a = nl.load(lhsT[kk * 128:(kk + 1) * 128, i * 128:(i + 1) * 128])
+            b = nl.load(rhs[kk * 128:(kk + 1) * 128, 0:512])
+            acc += nisa.nc_matmul(a, b)                       # accumulates in PSUM: no Vector add
+        res = nl.ndarray((128, 512), dtype=out.dtype, buffer=nl.sbuf)
+        res[...] = nl.copy(acc, dtype=out.dtype)              # written by the copy itself
+        nl.store(out[i * 128:(i + 1) * 128, :], value=res)
+    return out
+
+
+def test_beta1_accumulation_and_assignment_cost_no_extra_instructions():
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((512, 256)).astype(BF16)
+    b = rng.standard_normal((512, 512)).astype(BF16)
+    out, rep = modelled(beta1_tiled, a, b)
+    np.testing.assert_allclose(out.astype(np.float32), a.astype(np.float32).T @ b.astype(np.float32), rtol=1e-2, atol=0.3)
+    names = [e["name"] for e in rep.timeline()]
+    assert names.count("nisa.nc_matmul") == 8
+    # the engine instructions are the matmuls, the loads and stores, the PSUM zeroing and one copy per tile
+    assert rep.engines["vector"]["instructions"] == 2 + 2 and rep.engines["dma"]["instructions"] == 16 + 2
+    assert "in-place update" not in names and "tile assignment" not in names

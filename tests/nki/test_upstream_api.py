@@ -310,3 +310,65 @@ def test_mxfp4_from_bytes_and_the_v3_refusal(monkeypatch):
     monkeypatch.setenv("TORCHNEURON_MACHINE", "trn2")
     with pytest.raises(nki.NKITypeError, match="only on NeuronCore-v4"):
         packed_fp4_matmul(to_bytes(st_vals), st_scale, to_bytes(mv_vals), mv_scale)
+
+
+# ------------------------------------------------------- smaller API names
+@nki.jit
+def small_names(x, ints):
+    out = nl.ndarray((6,) + x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.load(x)
+    neg = nl.negative(t)
+    nl.store(out[0], value=nl.abs_max(t, nl.multiply(neg, 0.5)))
+    nl.store(out[1], value=nl.abs_min(t, nl.multiply(neg, 0.5)))
+    nl.store(out[2], value=nl.gelu_apprx_sigmoid_dx(t))
+    nl.store(out[3], value=nl.rms_norm(t, nl.load(x[0:1, :]).broadcast_to(x.shape), axis=1, n=x.shape[1]))
+    r = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=r, op=nl.bypass, data=t, scale=2.0)
+    nl.store(out[4], value=r)
+    eye = nl.ndarray((x.shape[0], x.shape[0]), dtype=nl.float32, buffer=nl.sbuf)
+    nl.shared_identity_matrix(x.shape[0], dtype=nl.float32, dst=eye)
+    nl.store(out[5][:, 0:x.shape[0]], value=eye)
+    nl.store(out[5][:, x.shape[0]:], value=nl.zeros((x.shape[0], x.shape[1] - x.shape[0]), dtype=nl.float32))
+    inv = nl.ndarray(ints.shape, dtype=ints.dtype, buffer=nl.shared_hbm)
+    with nl.no_reorder():
+        for i in nl.dynamic_range(1):
+            nl.store(inv, value=nl.invert(nl.load(ints)))
+    assert nl.is_sbuf(t) and nl.is_psum(nl.psum) and nl.is_hbm(x) and not nl.is_on_chip(x)
+    return out, inv
+
+
+def test_smaller_api_names():
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((16, 32)).astype(np.float32)
+    ints = rng.integers(-100, 100, (16, 8)).astype(np.int32)
+    out, inv = small_names(x, ints)
+    y = -0.5 * x
+    np.testing.assert_array_equal(out[0], np.where(np.abs(x) >= np.abs(y), x, y))
+    np.testing.assert_array_equal(out[1], np.where(np.abs(x) <= np.abs(y), x, y))
+    s = 1 / (1 + np.exp(-1.702 * x))
+    np.testing.assert_allclose(out[2], s * (1 + 1.702 * x * (1 - s)), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[3], x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-6) * x[0:1], rtol=1e-5)
+    np.testing.assert_array_equal(out[4], 2 * x)
+    np.testing.assert_array_equal(out[5][:, :16], np.eye(16))
+    np.testing.assert_array_equal(out[5][:, 16:], 0)
+    np.testing.assert_array_equal(inv, ~ints)
+    assert nisa.get_nc_sub_version() == 0 and nisa.matmul_perf_mode.double_row.value == "double_row"
+
+
+def test_exponential_on_v4(monkeypatch):
+    @nki.jit(platform_target="trn3")
+    def softmax_numerator(x):
+        t = nl.load(x)
+        mx = nisa.tensor_reduce(np.max, t, axis=1, keepdims=True)
+        e = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.sbuf)
+        s = nl.ndarray((x.shape[0], 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.exponential(dst=e, src=t, max_value=mx, reduce_res=s)
+        out = nl.ndarray((2,) + x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out[0], value=e)
+        nl.store(out[1], value=s.broadcast_to(x.shape))
+        return out
+    x = np.random.default_rng(9).standard_normal((8, 16)).astype(np.float32)
+    out = softmax_numerator(x)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(out[0], e, rtol=1e-6)
+    np.testing.assert_allclose(out[1], np.broadcast_to(e.sum(axis=1, keepdims=True), x.shape), rtol=1e-5)

@@ -179,8 +179,14 @@ def run_driver(tut_dir, driver, argv, *, timeout, machine, benchmark_seconds, ex
         except (OSError, ValueError):
             report = {"calls": [], "error": None}
         report.update(rc=rc, seconds=seconds, output=out[-4000:])
-        if rc is None:
-            report["error"] = f"timed out after {timeout} s"
+        if rc is None or (rc != 0 and not report.get("finished", False)):
+            # the interpreter was stopped (timeout) or killed (a signal, e.g. out of memory)
+            why = f"timed out after {timeout} s" if rc is None else (
+                f"the driver's interpreter died (signal {-rc})" if rc < 0 else f"exit status {rc}")
+            report["error"] = why
+            calls = report.get("calls", [])
+            if calls and calls[-1]["ok"]:
+                calls[-1]["ok"], calls[-1]["detail"] = False, why
         elif rc != 0 and not report.get("error"):
             report["error"] = (out.strip().splitlines() or ["exit status %d" % rc])[-1]
         return report
@@ -236,7 +242,10 @@ def run_checkout(checkout, args, out=sys.stdout):
         for (f, k), gen in sorted(entry["kernels"].items()):
             r = results.get((tut, f, k))
             if r is None:
-                status, detail = "NOT RUN", "no driver of this checkout calls it"
+                failed = [(d, e) for t, d, e in driver_errors if t == tut]
+                status = "NOT RUN"
+                detail = (f"driver {failed[0][0]} failed before calling it: {_short(failed[0][1], 120)}"
+                          if failed else "no driver of this checkout calls it")
                 n_norun += 1
             else:
                 bad = [(d, det) for d, ok, det in r["runs"] if not ok]
@@ -249,7 +258,10 @@ def run_checkout(checkout, args, out=sys.stdout):
                     n_pass += 1
             print(f"  {status:<7} {tut}/{f}::{k}  [{gen}]  {detail}", file=out, flush=True)
     for tut, desc, err in driver_errors:
-        print(f"  DRIVER  {tut}/{desc}: {_short(err, 200)}", file=out, flush=True)
+        missing = re.search(r"No module named '([\w.]+)'", err)
+        kind = (f" (environment: the driver needs {missing.group(1)!r}, which is not installed)"
+                if missing and not missing.group(1).split(".")[0] in ("nki", "neuronxcc", "torchneuron") else "")
+        print(f"  DRIVER  {tut}/{desc}: {_short(err, 200)}{kind}", file=out, flush=True)
     for tut, f, why in skipped:
         print(f"  SKIP    {tut}/{f}: {why}", file=out, flush=True)
     total = n_pass + n_fail + n_norun
@@ -319,16 +331,26 @@ class _DocsExamples(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 class _Log:
-    """What the child saw: kernel calls in order, and which failed."""
+    """What the child saw: kernel calls in order, and which failed.  Written to the report file at
+    every change, so a driver that kills its interpreter still leaves its calls behind."""
 
-    def __init__(self):
+    def __init__(self, path):
+        self.path = path
         self.calls = []
         self.depth = 0
+        self.error = None
+
+    def save(self):
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"calls": self.calls, "error": self.error, "finished": self.error != "running"}, f)
+        os.replace(tmp, self.path)
 
     def enter(self, fn):
         code = getattr(fn, "__code__", None)
         f = os.path.basename(code.co_filename) if code is not None else "?"
         self.calls.append({"file": f, "kernel": getattr(fn, "__name__", "?"), "ok": True})
+        self.save()
         return self.calls[-1]
 
     def fail_last(self, detail):
@@ -336,6 +358,7 @@ class _Log:
             c = self.calls[-1]
             if c["ok"]:
                 c["ok"], c["detail"] = False, detail
+                self.save()
 
 
 class _Tee(io.TextIOBase):
@@ -374,6 +397,7 @@ def _instrument(log):
                     entry["ok"], entry["detail"] = False, f"{type(e).__name__}: {e}"
                 else:
                     log.calls.remove(entry)
+                log.save()
                 raise
             finally:
                 log.depth -= 1
@@ -388,7 +412,9 @@ def _child(report_path, tutorials, argv):
     import torchneuron.nki as nki
     nki.install_import_aliases()
     sys.meta_path.insert(0, _DocsExamples(tutorials))
-    log = _Log()
+    log = _Log(report_path)
+    log.error = "running"
+    log.save()
     _instrument(log)
     driver = argv[0]
     rest = argv[1:]
@@ -413,8 +439,8 @@ def _child(report_path, tutorials, argv):
     finally:
         sys.stdout.flush()
         sys.stdout = sys.stdout.stream
-        with open(report_path, "w") as f:
-            json.dump({"calls": log.calls, "error": error}, f)
+        log.error = error
+        log.save()
     return 1 if error else 0
 
 

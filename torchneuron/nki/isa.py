@@ -63,6 +63,23 @@ def get_nc_version():
     return nc_version(current().launch.target.generation)
 
 
+class matmul_perf_mode(enum.Enum):
+    """``nc_matmul(perf_mode=)``: accepted; matmuls compute the same values in every mode."""
+
+    none = "none"
+    double_row = "double_row"
+
+
+class dma_engine(enum.Enum):
+    dma = 1
+    gpsimd_dma = 2
+
+
+def get_nc_sub_version():
+    """The NeuronCore sub-version (0: the machine models have none)."""
+    return 0
+
+
 class dge_mode(enum.Enum):
     unknown = 0
     swdge = 1
@@ -485,6 +502,29 @@ def tensor_copy_predicated(*args, **kwargs):
     return dst
 
 
+def exponential(*args, **kwargs):
+    """``dst = exp(src - max_value)`` on the Vector Engine (NeuronCore-v4), optionally accumulating the
+    sum of each partition's results into ``reduce_res`` (``reduce_cmd`` as for activation)."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "src", "max_value"], args):
+        kw[n] = a
+    _require_mx("nisa.exponential")
+    v, d = _values(kw["src"], "nisa.exponential")
+    mx, _ = _values(kw.get("max_value", 0.0), "max_value")
+    x = v - (align_to(mx, v.shape) if np.ndim(mx) else mx)
+    with np.errstate(all="ignore"):
+        out = np.exp(x.astype(F32)).astype(F32)
+    reduce_res = kw.get("reduce_res")
+    if reduce_res is not None:
+        init, _ = _values(kw.get("reduce_init", 0.0), "reduce_init")
+        partial = _free_reduce(np.add, out) + (np.reshape(init, (-1, 1)) if np.ndim(init) else F32(init))
+        cmd = kw.get("reduce_cmd", reduce_cmd.idle)
+        reg = _accumulate(engine.vector, np.add, partial.astype(F32),
+                          reduce_cmd.reset_reduce if cmd is reduce_cmd.idle else cmd)
+        _write_reduce_res(reduce_res, reg)
+    return _emit(kw["dst"], out, kw.get("dtype") or d, name="exponential")
+
+
 def reciprocal(*args, **kwargs):
     """1 / data."""
     dst, kw = _style(args, kwargs, [("data", "T")])
@@ -703,4 +743,4 @@ def nc_find_index8(*args, **kwargs):
 
 
 # Every instruction is one step of a recorded trace (see trace.py).
-instructions(globals(), __name__, exclude={"get_nc_version"})
+instructions(globals(), __name__, exclude={"get_nc_version", "get_nc_sub_version"})

@@ -119,6 +119,35 @@ def ones_like(x, dtype=None, buffer=None, **kwargs):
     return ones(x.shape, dtype or x.dtype, buffer or (x.buffer if x.buffer.on_chip else Buffer.sbuf))
 
 
+def is_psum(buffer):
+    return _buffer_of(buffer) is Buffer.psum
+
+
+def is_sbuf(buffer):
+    return _buffer_of(buffer) is Buffer.sbuf
+
+
+def is_hbm(buffer):
+    return _buffer_of(buffer) in (Buffer.hbm, Buffer.private_hbm, Buffer.shared_hbm)
+
+
+def is_on_chip(buffer):
+    return _buffer_of(buffer).on_chip
+
+
+def _buffer_of(x):
+    return x.buffer if isinstance(x, NkiTensor) else _buffer(x)
+
+
+def shared_identity_matrix(n, dtype=None, dst=None, **kwargs):
+    """An ``n x n`` identity matrix (uint8 by default): in HBM, or copied into ``dst`` (an SBUF tile)."""
+    t = shared_constant(np.eye(int(n)), dtype=dtype if dtype is not None else _dt.uint8)
+    if dst is not None:
+        dst.write(t.read())
+        return dst
+    return t
+
+
 def shared_constant(constant, dtype=None, **kwargs):
     """An HBM tensor holding a host constant (e.g. an identity matrix)."""
     arr = np.asarray(constant)
@@ -166,6 +195,24 @@ def _range(*args, **kwargs):
     # Loop hints (directives, multi_buffer, ...) only steer the compiler's
     # scheduling; iterations run in order here, which is one legal schedule.
     return range(*args)
+
+
+def dynamic_range(start, stop=None, step=1, **kwargs):
+    """Loop whose bounds the device reads at run time; here the bounds are Python integers, so it runs
+    as a static loop (register-valued bounds are not emulated)."""
+    if stop is None:
+        start, stop = 0, start
+    return range(int(start), int(stop), int(step))
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keeps its instructions in program order, which is the emulator's only order."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
 
 
 def affine_range(*args, **kwargs):
@@ -357,8 +404,21 @@ bitwise_xor = _binary_fn("bitwise_xor", np.bitwise_xor, "x ^ y on integers")
 left_shift = _binary_fn("left_shift", np.left_shift, "x << y on integers")
 right_shift = _binary_fn("right_shift", np.right_shift, "x >> y on integers")
 
+abs_max = _binary_fn("abs_max", _ops._abs_max, "the input of larger magnitude, element-wise (sign kept)")
+abs_min = _binary_fn("abs_min", _ops._abs_min, "the input of smaller magnitude, element-wise (sign kept)")
+# operator constants: ``bypass`` passes its first operand through (an op0/op1 stage that does nothing)
+bypass = _binary_fn("bypass", _ops._bypass, "the first operand, unchanged")
+bypass._unary = _ops.UNARY["bypass"]
+
+
+def invert(x, dtype=None, mask=None, **kwargs):
+    """Bitwise NOT of an integer tile (XOR with all ones)."""
+    return _ops.binary(np.bitwise_xor, x, -1, dtype=dtype, mask=_m(mask, x), what="nl.invert")
+
+
 for _name in ("exp", "log", "sqrt", "rsqrt", "reciprocal", "tanh", "sigmoid", "relu", "gelu",
-              "gelu_apprx_tanh", "gelu_apprx_sigmoid", "gelu_dx", "silu", "silu_dx", "softplus", "mish",
+              "gelu_apprx_tanh", "gelu_apprx_sigmoid", "gelu_apprx_sigmoid_dx", "gelu_dx", "silu", "silu_dx",
+              "softplus", "mish",
               "erf", "erf_dx", "sin", "cos", "tan", "arctan", "abs", "negative", "sign", "square",
               "floor", "ceil", "trunc", "logical_not"):
     globals()[_name] = _unary_fn(_name, f"element-wise {_name}")
@@ -416,6 +476,16 @@ def matmul(x, y, transpose_x=False, mask=None, **kwargs):
         xv = transpose(x)
     r = _ops.matmul_values(xv, y, "nl.matmul", require_sbuf=False)
     return _ops.result(r, _dt.float32, None, Buffer.psum, "matmul")
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None, **kwargs):
+    """``x / sqrt(sum(x**2 along axis) / n + epsilon) * w`` (float32 arithmetic)."""
+    v, d = _ops.operand(x, "nl.rms_norm")
+    wv, _ = _ops.operand(w, "nl.rms_norm")
+    axes = _ops.normalize_axis(axis, v.ndim)
+    ms = np.sum(v * v, axis=axes, keepdims=True, dtype=np.float32) / np.float32(n)
+    r = v / np.sqrt(ms + np.float32(epsilon)) * (align_to(wv, v.shape) if np.ndim(wv) else wv)
+    return _ops.result(r.astype(np.float32), dtype if dtype is not None else d, _m(mask, x))
 
 
 def softmax(x, axis=-1, dtype=None, mask=None, **kwargs):
@@ -515,5 +585,9 @@ def _assignment_target(filename, lineno):
 # Everything else a kernel calls touches tiles: one step of a recorded trace
 # (see trace.py).  These only compute indices, loop bounds and launch facts.
 instructions(globals(), __name__, exclude={
-    "par_dim", "arange", "ds", "affine_range", "sequential_range", "static_range", "program_id",
-    "num_programs", "program_ndim", "nc", "spmd_dim", "static_cast", "expand_dims", "loop_reduce"})
+    "par_dim", "arange", "ds", "affine_range", "sequential_range", "static_range", "dynamic_range", "program_id",
+    "num_programs", "program_ndim", "nc", "spmd_dim", "static_cast", "expand_dims", "loop_reduce",
+    "is_psum", "is_sbuf", "is_hbm", "is_on_chip"})
+
+# upstream names of the memory constants
+MemoryRegion = Buffer

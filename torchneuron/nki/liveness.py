@@ -46,6 +46,16 @@ def format_site(site) -> str:
     return f"{site[0]}:{site[1]} (in {site[2]})"
 
 
+class Tile:
+    """What the capacity check keeps of an on-chip buffer (not its storage, which may be freed)."""
+
+    __slots__ = ("footprint", "born", "last_use", "where", "name", "shape", "dtype", "buffer")
+
+    def __init__(self, alloc, footprint, step, where):
+        self.footprint, self.born, self.last_use, self.where = footprint, step, step, where
+        self.name, self.shape, self.dtype, self.buffer = alloc.name, tuple(alloc.data.shape), alloc.dtype, alloc.buffer
+
+
 class Liveness:
     """Per-instance instruction counter and the on-chip buffers allocated so far."""
 
@@ -61,10 +71,8 @@ class Liveness:
         self.peak = {}
 
     def allocated(self, alloc, footprint):
-        alloc.footprint = footprint
-        alloc.born = alloc.last_use = self.step
-        alloc.where = kernel_site()
-        self.allocs.append(alloc)
+        alloc.tile = Tile(alloc, footprint, self.step, kernel_site())
+        self.allocs.append(alloc.tile)
 
     def after(self, fn, args, kwargs, out):
         """An outermost instruction finished: every on-chip buffer it touched is used at this step."""
@@ -99,18 +107,16 @@ def _touch(values, step):
     for v in values:
         if isinstance(v, NkiTensor):
             a = v._alloc
-            if a.owner is not None:
-                a = a.owner
-            if a.born >= 0:
-                a.last_use = step
+            t = a.tile if a.owner is None else a.owner.tile
+            if t is not None:
+                t.last_use = step
         elif isinstance(v, (list, tuple)):
             for x in v:
                 if isinstance(x, NkiTensor):
                     a = x._alloc
-                    if a.owner is not None:
-                        a = a.owner
-                    if a.born >= 0:
-                        a.last_use = step
+                    t = a.tile if a.owner is None else a.owner.tile
+                    if t is not None:
+                        t.last_use = step
                 elif isinstance(x, (list, tuple, dict)):
                     _touch((x,), step)
         elif isinstance(v, dict):
@@ -135,7 +141,7 @@ def _sweep(allocs, cap, buffer, machine) -> int:
 
 
 def _describe(a) -> str:
-    return (f"{a.name or 'tile'} {tuple(a.data.shape)} {_dt.name(a.dtype)}: {a.footprint} B/partition, "
+    return (f"{a.name or 'tile'} {a.shape} {_dt.name(a.dtype)}: {a.footprint} B/partition, "
             f"allocated at {format_site(a.where)}")
 
 
@@ -151,10 +157,10 @@ def _capacity_error(a, live, used, cap, buffer, machine):
     err = NKILimitError(
         f"{mem} capacity ({machine.device} {machine.name}: {total // (1 << 20)} MiB, {cap} bytes per partition)",
         f"{used} bytes per partition", f"{cap} bytes per partition",
-        f"the live {mem} set when allocating {a.name or 'a tile'} {tuple(a.data.shape)} {_dt.name(a.dtype)}",
+        f"the live {mem} set when allocating {a.name or 'a tile'} {a.shape} {_dt.name(a.dtype)}",
         location=format_site(a.where),
         note=f"{len(live)} live {mem} tiles (largest first):\n" + "\n".join(lines))
-    err.live_tiles = [{"name": x.name, "shape": tuple(x.data.shape), "dtype": _dt.name(x.dtype),
+    err.live_tiles = [{"name": x.name, "shape": x.shape, "dtype": _dt.name(x.dtype),
                        "bytes_per_partition": x.footprint, "location": format_site(x.where)} for x in live]
     err.capacity = cap
     return err

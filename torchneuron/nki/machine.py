@@ -272,13 +272,13 @@ def new_storage(shape, dtype, debug: bool) -> np.ndarray:
 class Allocation:
     """One buffer: its storage array and bookkeeping shared by all views of it.
 
-    On-chip buffers carry their footprint (bytes per partition) and the
-    instruction steps of their allocation and last use, from which
+    On-chip buffers of an interpreted instance carry a ``liveness.Tile``
+    (footprint, instruction steps of allocation and last use), from which
     ``liveness.Liveness`` checks the SBUF/PSUM capacity.
     """
 
     __slots__ = ("data", "buffer", "dtype", "par_axis", "name", "written", "psum_valid",
-                 "readonly", "exact", "footprint", "born", "last_use", "where", "owner", "__weakref__")
+                 "readonly", "exact", "tile", "owner", "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: Buffer, dtype, par_axis: int = 0, name: str = ""):
         self.data = data
@@ -294,9 +294,8 @@ class Allocation:
         # PSUM elements not yet written since allocation: a matmul with
         # accumulate=None overwrites those instead of adding to them.
         self.psum_valid = np.zeros(data.shape, dtype=bool) if buffer is Buffer.psum else None
-        self.footprint = 0
-        self.born = self.last_use = -1
-        self.where = None
+        # liveness.Tile: footprint and the steps of allocation and last use, when counted
+        self.tile = None
         # the buffer whose memory this one reinterprets (.view(dtype), .ap(dtype=)): uses count for it
         self.owner = None
 

@@ -43,6 +43,8 @@ UNARY = {
     "gelu": lambda x: (0.5 * x * (1.0 + _erf(x / np.sqrt(F32(2))))).astype(F32),
     "gelu_apprx_tanh": lambda x: (0.5 * x * (1.0 + np.tanh(F32(0.7978845608) * (x + F32(0.044715) * x ** 3)))).astype(F32),
     "gelu_apprx_sigmoid": lambda x: (x * _sigmoid(F32(1.702) * x)).astype(F32),
+    "gelu_apprx_sigmoid_dx": lambda x: (_sigmoid(F32(1.702) * x) * (1 + F32(1.702) * x * (1 - _sigmoid(F32(1.702) * x)))).astype(F32),
+    "bypass": lambda x: x,
     "gelu_dx": lambda x: (0.5 * (1.0 + _erf(x / np.sqrt(F32(2)))) + x * np.exp(-0.5 * x * x) / np.sqrt(F32(2 * np.pi))).astype(F32),
     "silu": lambda x: (x * _sigmoid(x)).astype(F32),
     "silu_dx": lambda x: (_sigmoid(x) * (1 + x * (1 - _sigmoid(x)))).astype(F32),
@@ -66,6 +68,18 @@ _NUMPY_ALIASES = {
 COMPARISONS = {np.equal, np.not_equal, np.greater, np.greater_equal, np.less, np.less_equal,
                np.logical_and, np.logical_or, np.logical_xor}
 BITWISE = {np.bitwise_and, np.bitwise_or, np.bitwise_xor, np.left_shift, np.right_shift}
+
+
+def _abs_max(a, b):
+    return np.where(np.abs(a) >= np.abs(b), a, b)
+
+
+def _abs_min(a, b):
+    return np.where(np.abs(a) <= np.abs(b), a, b)
+
+
+def _bypass(a, b):
+    return a
 
 
 def resolve_binary(op):

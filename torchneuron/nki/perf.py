@@ -597,11 +597,16 @@ def schedule(records, machine: Machine, kernel_name="") -> Report:
     for i, rec in enumerate(records):
         c = cost_of(rec, machine)
         eng = c.engine
-        if eng != "none" and rec.kind[1] == "assign":
-            # an instruction result assigned into a tile and used nowhere else is written there by its
-            # producer: no copy
+        if eng != "none" and rec.kind[1] in ("assign", "update"):
+            # an instruction result assigned into a tile (``t[...] = nl.exp(x)``) or accumulated into
+            # PSUM (``psum += nc_matmul(...)``) and used nowhere else is written there by the
+            # instruction that produced it: no copy, no vector add
             src = [a for a in rec.accesses if not a.write]
-            if src and src[0].buffer.on_chip and last_use.get(src[0].root) == i:
+            dst = [a for a in rec.accesses if a.write]
+            fused = (src and src[0].buffer.on_chip and last_use.get(src[0].root) == i
+                     and (rec.kind[1] == "assign" or (dst and dst[0].buffer is Buffer.psum
+                                                       and src[0].buffer is Buffer.psum)))
+            if fused:
                 eng = "none"
         ready = 0.0
         for a in rec.accesses:
