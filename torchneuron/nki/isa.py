@@ -9,6 +9,7 @@ takes, or by a tile where beta-1 expects an operator (and vice versa).
 """
 from __future__ import annotations
 
+import math
 import enum
 
 import ml_dtypes
@@ -233,7 +234,7 @@ def _mx_operand(data, scale, what):
     if _dt.name(scale.dtype) not in ("uint8", "float8_e8m0fnu"):
         raise NKITypeError(f"nisa.nc_matmul_mx: scales must be uint8 or float8_e8m0fnu, got {_dt.name(scale.dtype)}")
     raw = data.raw_values(None, what)
-    k, f = raw.shape[0], int(np.prod(raw.shape[1:], dtype=np.int64))
+    k, f = raw.shape[0], int(math.prod(raw.shape[1:]))
     if k % 32 or k > TileSize.pmax:
         raise NKILimitError("nc_matmul_mx partition size", k, TileSize.pmax,
                             f"{what} partition size (a multiple of 32)")
@@ -537,7 +538,7 @@ def reciprocal(*args, **kwargs):
 def _affine_values(shape, pattern, offset, channel_multiplier):
     parts = shape[0]
     nums = [int(n) for _, n in pattern]
-    if int(np.prod(nums, dtype=np.int64)) != int(np.prod(shape[1:], dtype=np.int64)):
+    if int(math.prod(nums)) != int(math.prod(shape[1:])):
         raise NKITypeError(f"pattern {pattern} does not cover the {tuple(shape)} destination")
     val = np.full([parts] + nums, float(offset), dtype=np.float64)
     val += (np.arange(parts) * channel_multiplier).reshape([parts] + [1] * len(nums))

@@ -6,6 +6,7 @@ uses from this module (``nl.ndarray``, buffers, dtypes, ``tile_size``).
 """
 from __future__ import annotations
 
+import math
 import ast
 import builtins
 import linecache
@@ -243,9 +244,9 @@ def program_id(axis=0):
 def num_programs(axes=None):
     grid = current().launch.grid
     if axes is None:
-        return int(np.prod(grid, dtype=np.int64)) if grid else 1
+        return int(math.prod(grid)) if grid else 1
     if isinstance(axes, (list, tuple)):
-        return int(np.prod([grid[a] for a in axes], dtype=np.int64))
+        return int(math.prod([grid[a] for a in axes]))
     if axes >= len(grid):
         return 1
     return grid[axes]
@@ -266,7 +267,7 @@ def nc(n):
 
 def spmd_dim(*sizes):
     """A launch-grid dimension made of sub-dimensions (e.g. ``spmd_dim(nl.nc(2), 2)``)."""
-    return _GridDim(int(np.prod([int(s) for s in sizes], dtype=np.int64)))
+    return _GridDim(int(math.prod([int(s) for s in sizes])))
 
 
 # --------------------------------------------------------- data movement

@@ -241,8 +241,12 @@ class Lowerer:
             return lambda V: V[v][key]
         return lambda V: V[v]
 
-    def value(self, view):
-        """Engine read (``compute_values``): (getter(V, X) -> float32 array, nki dtype, may alias storage)."""
+    def value(self, view, shared=False):
+        """Engine read (``compute_values``): (getter(V, X) -> float32 array, nki dtype, may alias storage).
+
+        ``shared``: the caller only reads the array (a matmul operand), so the float32 form of a
+        region of a kernel input that no step writes may be converted once per launch and shared by
+        every load of that region."""
         v = self.vid(view)
         s = view.slot
         if not self.on_chip(view):
@@ -258,6 +262,16 @@ class Lowerer:
             # again is copied by its load, which is cheaper from then on
             f[3] = True
             src = f[0]
+            if shared and f[1] in self.read_only:
+                key = ("float32", src)
+
+                def cached(V, X):
+                    H = X[-1]
+                    a = H.get(key)
+                    if a is None:
+                        a = H[key] = V[src].astype(F32, order="C")
+                    return a
+                return cached, dtype, False
             return (lambda V, X: V[src].astype(F32, order="C")), dtype, False
         self._touch_storage(s)
         if view.kind == _GATHER:
@@ -765,8 +779,8 @@ def _matmul_getter(gs, gm):
 @lowering(_isa.nc_matmul)
 def _nc_matmul(lw, step):
     dst, kw = _style(step, [("stationary", "T"), ("moving", "T")])
-    gs, _, _ = lw.value(kw["stationary"])
-    gm, _, _ = lw.value(kw["moving"])
+    gs, _, _ = lw.value(kw["stationary"], shared=True)
+    gm, _, _ = lw.value(kw["moving"], shared=True)
     mm = _matmul_getter(gs, gm)
     if dst is None:
         put = lw.produce(step)
@@ -1093,6 +1107,7 @@ def lower(program, slot_meta, debug):
     lw = Lowerer(program, slot_meta)
     lw.debug = debug
     lw.slot_views = {}
+    lw.read_only = _read_only_inputs(program)
     for s in range(program.n_inputs):
         lw.exact[s] = False
     instances, locations = [], []
@@ -1130,6 +1145,26 @@ def lower(program, slot_meta, debug):
     _check_result(program.result, lw)
     return FastProgram(program.n_slots, len(lw.view_specs), instances, sorted(input_views.items()), onchip,
                        lw.phys, program.result, hbm_vids, locations)
+
+
+_HBM_WRITERS = None
+
+
+def _read_only_inputs(program):
+    """Kernel arguments no step writes (only the DMA instructions and assignment can write HBM)."""
+    global _HBM_WRITERS
+    if _HBM_WRITERS is None:
+        _HBM_WRITERS = {_raw(_nl.store), _raw(_isa.dma_copy), _raw(_isa.dma_transpose), _raw(_assign_op)}
+    written = set()
+    for _, steps in program.instances:
+        for step in steps:
+            if step.fn in _HBM_WRITERS:
+                dst = step.kwargs.get("dst", step.args[0] if step.args else None)
+                if isinstance(dst, View):
+                    written.add(dst.slot)
+                elif isinstance(dst, _Nested) or dst is None:
+                    written.update(range(program.n_inputs))
+    return set(range(program.n_inputs)) - written
 
 
 def _check_result(t, lw):

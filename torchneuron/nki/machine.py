@@ -21,6 +21,7 @@ fields below (see docs/nki.md, "Machine models").
 """
 from __future__ import annotations
 
+import math
 import enum
 import os
 from dataclasses import dataclass, field
@@ -309,11 +310,11 @@ def onchip_footprint(shape, par_axis: int, dtype, buffer: Buffer, machine: Machi
     available space, so we charge one block.  PSUM elements are 4 bytes wide,
     except 2-byte types on machines that store bfloat16 in PSUM (NeuronCore-v4).
     """
-    free = int(np.prod(shape[par_axis + 1:], dtype=np.int64))
+    free = int(math.prod(shape[par_axis + 1:]))
     if buffer is Buffer.psum:
         width = 4
         if machine is not None and machine.bf16_psum and _dt.itemsize(dtype) == 2:
             width = 2
         return free * width
-    blocks = int(np.prod(shape[:par_axis], dtype=np.int64))
+    blocks = int(math.prod(shape[:par_axis]))
     return blocks * free * _dt.itemsize(dtype)

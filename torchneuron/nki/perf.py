@@ -39,6 +39,7 @@ engine balance, overlap).
 """
 from __future__ import annotations
 
+import math
 import json
 import os
 import weakref
@@ -190,7 +191,7 @@ class Recorder:
         dtype = t.dtype
         isz = _dt.itemsize(dtype)
         shape = tuple(t.shape)
-        n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        n = int(math.prod(shape)) if shape else 1
         parts = int(shape[0]) if shape else 1
         box, run, inner = self._geometry_of(t, root, isz)
         return Access(self._root_id(root), root.buffer, dtype, isz, n, parts, box, run, write, inner, role)
@@ -202,7 +203,7 @@ class Recorder:
         par = root.par_axis if root.buffer.on_chip else 0
         risz = rdata.itemsize
         P = int(rshape[par]) if rshape else 1
-        inner = int(np.prod(rshape[par + 1:], dtype=np.int64)) * risz if rshape else risz
+        inner = int(math.prod(rshape[par + 1:])) * risz if rshape else risz
         if t._arr is not None:
             off_b = t._arr.__array_interface__["data"][0] - rdata.__array_interface__["data"][0]
             strides = tuple(int(s) for s in t._arr.strides)
@@ -253,19 +254,28 @@ def _strided_geometry(shape, off_b, strides, isz, P, inner):
 
 
 def _gathered_geometry(keys, scale, P, inner, isz):
-    flat_b = np.asarray(keys, dtype=np.int64) * scale
-    if flat_b.size == 0:
+    """Region of an index-grid view: partitions from the extreme elements, the bytes within a
+    partition from the first and last rows of the grid (index grids are affine, so every row
+    covers the same span), the contiguous run from the first row."""
+    k = np.asarray(keys)
+    if k.size == 0:
         return (0, 0, 0, 0), isz, isz
     span = inner * P
-    part = (flat_b % span) // inner
-    free = (flat_b // span) * inner + flat_b % inner
-    box = (int(part.min()), int(part.max()) + 1, int(free.min()), int(free.max()) + isz)
+    lo, hi = int(k.min()) * scale, int(k.max()) * scale
+    if lo // span == hi // span:
+        p0, p1 = (lo % span) // inner, (hi % span) // inner + 1
+    else:
+        p0, p1 = 0, P
+    rows = k.reshape(-1, k.shape[-1]) if k.ndim else k.reshape(1, 1)
+    edge = np.concatenate([rows[0], rows[-1]]).astype(np.int64) * scale
+    free = (edge // span) * inner + edge % inner
+    box = (p0, p1, int(free.min()), int(free.max()) + isz)
     run = isz
     inner_stride = isz
-    if flat_b.ndim and flat_b.shape[-1] > 1:
-        d = np.diff(flat_b, axis=-1)
+    if rows.shape[1] > 1:
+        d = np.diff(rows[0]).astype(np.int64) * scale
         if (d == isz).all():
-            run = isz * flat_b.shape[-1]
+            run = isz * rows.shape[1]
         else:
             inner_stride = int(np.abs(d).max())
     return box, min(run, inner), inner_stride
@@ -614,17 +624,19 @@ def schedule(records, machine: Machine, kernel_name="") -> Report:
             if st is None:
                 continue
             writes, reads = st
-            for e in writes:
-                if _overlaps(a.box, e.box):
+            box = a.box
+            for wbox, e in writes.items():
+                if _overlaps(box, wbox):
                     t = e.done if (not a.write or e.engine != eng) else e.end
                     if t > ready:
                         ready = t
             if a.write:
-                for e in reads:
-                    if _overlaps(a.box, e.box):
-                        t = e.end if e.engine == eng else e.done
-                        if t > ready:
-                            ready = t
+                for rbox, by_engine in reads.items():
+                    if _overlaps(box, rbox):
+                        for e in by_engine.values():
+                            t = e.end if e.engine == eng else e.done
+                            if t > ready:
+                                ready = t
         if eng == "none":
             start = ready
             end = done = start
@@ -650,16 +662,26 @@ def schedule(records, machine: Machine, kernel_name="") -> Report:
         for a in rec.accesses:
             st = state.get(a.root)
             if st is None:
-                st = state[a.root] = ([], [])
+                st = state[a.root] = ({}, {})
             writes, reads = st
             entry = _Entry(a.box, end, done, eng)
+            box = a.box
             if a.write:
-                writes[:] = [e for e in writes if not _inside(e.box, a.box)]
-                reads[:] = [e for e in reads if not _inside(e.box, a.box)]
-                writes.append(entry)
+                # later accesses of what this write covers depend on it, which orders them after
+                # the covered writes and reads too: those entries can go
+                for b in [b for b in writes if _inside(b, box)]:
+                    del writes[b]
+                for b in [b for b in reads if _inside(b, box)]:
+                    del reads[b]
+                writes[box] = entry
             else:
-                reads[:] = [e for e in reads if not (_inside(e.box, a.box) and e.done <= done)]
-                reads.append(entry)
+                by_engine = reads.get(box)
+                if by_engine is None:
+                    reads[box] = {eng: entry}
+                else:
+                    prev = by_engine.get(eng)
+                    if prev is None or prev.done <= done:
+                        by_engine[eng] = entry
     events.sort(key=lambda e: (e["start"], ENGINES.index(e["engine"])))
     return Report(machine, end_time, busy, counts, flops, ideal, hbm, events, kernel_name)
 

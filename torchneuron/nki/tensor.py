@@ -18,6 +18,7 @@ that consumes the view.  The view remembers which elements are outside
 """
 from __future__ import annotations
 
+import math
 import numpy as np
 
 from . import dtypes as _dt
@@ -58,7 +59,7 @@ def _check_tile_shape(shape, par, buffer, what):
         raise NKILimitError("nl.tile_size.pmax", partitions, TileSize.pmax,
                             f"partition dimension of {what} {tuple(shape)}")
     if buffer is Buffer.psum:
-        free = int(np.prod(shape[par + 1:], dtype=np.int64))
+        free = int(math.prod(shape[par + 1:]))
         if free > TileSize.psum_fmax:
             raise NKILimitError("nl.tile_size.psum_fmax", free, TileSize.psum_fmax,
                                 f"PSUM free size (elements per partition) of {what} {tuple(shape)}")
@@ -152,7 +153,7 @@ class NkiTensor:
 
     @property
     def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+        return int(math.prod(self.shape))
 
     @property
     def dtype(self):
@@ -344,7 +345,7 @@ class NkiTensor:
             data = data.reshape(-1).view(_dt.storage(dtype))
             alloc = _reinterpreted(alloc, data, dtype, alloc.par_axis)
         if self.buffer.on_chip and len(pattern) > 0:
-            free = int(np.prod(data.shape[1:], dtype=np.int64)) if dtype is None else data.size // self.shape[0]
+            free = int(math.prod(data.shape[1:])) if dtype is None else data.size // self.shape[0]
             if pattern[0][0] != free:
                 raise NKIError(f"the partition step of an on-chip access pattern must equal the free size "
                                f"of the tensor ({free}), got {pattern[0][0]}: partitions are read contiguously")
@@ -484,7 +485,7 @@ def align_to(values, shape):
         return np.broadcast_to(v, shape)
     except ValueError:
         pass
-    if v.size == int(np.prod(shape, dtype=np.int64)):
+    if v.size == int(math.prod(shape)):
         # same elements, different unit axes (e.g. (128, 1) written to (128,))
         return v.reshape(shape)
     raise NKITypeError(f"shape mismatch: cannot use a {tuple(v.shape)} value for a {shape} tile")
@@ -584,7 +585,71 @@ def index(t: NkiTensor, idx) -> NkiTensor:
             if len(norm) > t._par and isinstance(norm[t._par], int):
                 par = 0
         return NkiTensor(t._alloc, t._arr[tuple(norm)], None, None, par)
+    if t._arr is not None:
+        view = _affine_view(t, norm, shape)
+        if view is not None:
+            return view
     return _gather_index(t, norm, shape)
+
+
+def _affine_view(t: NkiTensor, norm, shape):
+    """Index grids (``nl.arange``/``nl.mgrid`` arithmetic) select an affine lattice: element ``o`` of the
+    result is storage element ``base + sum_j o_j * step_j``.  When every component is an integer or
+    such a grid and the lattice is in bounds, the result is a strided view (what a gathered view of
+    the same elements reads and writes, without index arrays); otherwise None."""
+    arrays = [c for c in norm if isinstance(c, np.ndarray)]
+    if not arrays or any(isinstance(c, slice) for c in norm):
+        return None
+    try:
+        out_shape = np.broadcast_shapes(*[c.shape for c in arrays])
+    except ValueError:
+        return None
+    nd = len(out_shape)
+    elem = t._arr.itemsize
+    base_off = t._arr.__array_interface__["data"][0] - t._alloc.data.__array_interface__["data"][0]
+    steps = [0] * nd
+    offset = base_off
+    for c, dim, st in zip(norm, shape, t._arr.strides):
+        if isinstance(c, int):
+            offset += c * st
+            continue
+        b = np.broadcast_to(c, out_shape)
+        origin = (0,) * nd
+        v0 = int(b[origin])
+        coef = []
+        for j in range(nd):
+            axis = j - nd + c.ndim  # c's axis under output axis j (trailing alignment)
+            if out_shape[j] > 1 and axis >= 0 and c.shape[axis] != 1:
+                unit = list(origin)
+                unit[j] = 1
+                coef.append(int(b[tuple(unit)]) - v0)
+            else:
+                coef.append(0)
+        lo = v0 + sum(min(0, k * (n - 1)) for k, n in zip(coef, out_shape))
+        hi = v0 + sum(max(0, k * (n - 1)) for k, n in zip(coef, out_shape))
+        if lo < 0 or hi >= dim:
+            return None
+        # the grid must be exactly affine (arange/mgrid arithmetic is; an arbitrary array is not)
+        expect = v0
+        for j, k in enumerate(coef):
+            if k:
+                shp = [1] * c.ndim
+                shp[j - nd + c.ndim] = out_shape[j]
+                expect = expect + np.arange(out_shape[j], dtype=np.int64).reshape(shp) * k
+        if not np.array_equal(c, np.broadcast_to(expect, c.shape)):
+            return None
+        offset += v0 * st
+        for j, k in enumerate(coef):
+            steps[j] += k * st
+    data = t._alloc.data
+    u = np.dtype(f"u{data.itemsize}")
+    try:
+        arr = np.ndarray(out_shape, u, data.view(u), offset, tuple(steps)).view(data.dtype)
+    except (ValueError, TypeError):
+        return None
+    if arr.itemsize != elem:
+        return None
+    return NkiTensor(t._alloc, arr, None, None, 0)
 
 
 def _gather_index(t: NkiTensor, norm, shape):
