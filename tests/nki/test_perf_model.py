@@ -23,7 +23,7 @@ def modelled(kernel, *args, machine=None, **kwargs):
     from torchneuron.nki.machine import resolve_machine
     m = resolve_machine(machine) if machine else None
     result, records, used, _ = perf.run_profiled(kernel, args, kwargs, target=m)
-    return result, perf.schedule(records, used, kernel.fn.__name__)
+    return result, perf.model(records, used, kernel.fn.__name__)
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +174,7 @@ def test_benchmark_reports_model_and_emulator_latency(tmp_path, monkeypatch, cap
     assert "nki.benchmark scalar_bound" in capsys.readouterr().out
     trace = json.loads((tmp_path / "profile.ntff").read_text())
     assert len(trace["instructions"]) == 50 and trace["otherData"]["machine"] == "trn2"
+    assert trace["neuronNkiKernels"][0]["kernel"] == "scalar_bound"     # what the explorer's NKI view reads
     assert json.loads((tmp_path / "file.neff").read_text())["instructions"] == 50
 
 
@@ -225,3 +226,21 @@ def test_beta1_accumulation_and_assignment_cost_no_extra_instructions():
     # the engine instructions are the matmuls, the loads and stores, the PSUM zeroing and one copy per tile
     assert rep.engines["vector"]["instructions"] == 2 + 2 and rep.engines["dma"]["instructions"] == 16 + 2
     assert "in-place update" not in names and "tile assignment" not in names
+
+
+def test_explorer_layout_with_occupancy():
+    x = np.random.default_rng(6).uniform(-1, 1, (128, 2048)).astype(np.float32)
+    _, rep = modelled(scalar_bound, x)
+    k = rep.nki_trace()
+    assert set(k) >= {"kernel", "source", "instructions", "occupancy", "sbuf_capacity", "psum_capacity"}
+    assert k["sbuf_capacity"] == 28 << 20 and k["psum_capacity"] == 2 << 20
+    assert {i["engine"] for i in k["instructions"]} == {"DMA", "Scalar"}
+    line = line_of(HERE, "MARK-ACTIVATION")
+    acts = [i for i in k["instructions"] if i["name"] == "nisa.activation"]
+    assert all(i["line"] == f"{HERE}:{line}" for i in acts)
+    assert "MARK-ACTIVATION" in k["source"].splitlines()[line - 1]     # the source the lines index
+    # two [128, 2048] float32 tiles live together, then nothing
+    peaks = [o["sbuf_bytes"] for o in k["occupancy"]]
+    assert max(peaks) == 2 * 2048 * 4 * 128 and peaks[-1] == 0
+    times = [o["t_ns"] for o in k["occupancy"]]
+    assert times == sorted(times) and times[-1] <= rep.latency_ns

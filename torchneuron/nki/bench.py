@@ -126,7 +126,7 @@ class Benchmarked:
         args, kwargs = perf.materialize(args, kwargs)
         target = resolve_machine(self.machine) if self.machine is not None else None
         result, records, machine, first = perf.run_profiled(self.kernel, args, kwargs, target=target)
-        report = perf.schedule(records, machine, self.kernel.fn.__name__)
+        report = perf.model(records, machine, self.kernel.fn.__name__)
         kernel = self.kernel
         if target is not None:
             kernel = _with_target(kernel, target)
@@ -190,7 +190,7 @@ class _Profiled:
         args, kwargs = perf.materialize(args, kwargs)
         target = resolve_machine(self.machine) if self.machine is not None else None
         result, records, machine, seconds = perf.run_profiled(self.kernel, args, kwargs, target=target)
-        self.report = perf.schedule(records, machine, self.kernel.fn.__name__)
+        self.report = perf.model(records, machine, self.kernel.fn.__name__)
         directory = self.working_directory or os.getcwd()
         os.makedirs(directory, exist_ok=True)
         _write_artifacts(self.report, directory, self.save_neff_name, self.save_trace_name,

@@ -136,6 +136,7 @@ def _interpret(fn, launch, points, wargs, wkwargs, rec):
         live = state.liveness
         if live is not None and launch.profile is not None:
             launch.profile.instance = pid
+            launch.profile.lives.append((pid, live))
             live.profile = launch.profile
         with running(state), counting(live):
             result = fn(*wargs, **wkwargs)

@@ -108,6 +108,8 @@ class Recorder:
         self._next_id = 0
         self._geometry: dict = {}
         self.instance = ()
+        # (program id, liveness.Liveness) of each instance: the tiles' allocation and last-use steps
+        self.lives = []
 
     def _root_id(self, alloc):
         rid = self._ids.get(alloc)
@@ -555,6 +557,8 @@ class Report:
         self.mfu = ideal_ns / latency_ns if latency_ns else 0.0
         self.mbu = (hbm_bytes / machine.dma_bytes_per_ns) / latency_ns if latency_ns else 0.0
         self._events = events
+        self.occupancy = [(0.0, 0, 0)]
+        self.kernel_file = None
 
     @property
     def latency_us(self):
@@ -579,6 +583,35 @@ class Report:
                 lines.append(f"  {e:<7} {100 * s['busy']:5.1f}% busy, {s['instructions']} instructions")
         return "\n".join(lines)
 
+    def nki_trace(self, source=None):
+        """This kernel in the explorer's ``neuronNkiKernels`` layout (docs/explorer.md): instructions per
+        engine with their kernel lines, SBUF/PSUM occupancy over time, the capacities, and ``source``
+        (by default the text of the kernel's file, whose line numbers the instructions name)."""
+        names = {"tensor": "Tensor", "vector": "Vector", "scalar": "Scalar", "gpsimd": "GpSimd", "dma": "DMA"}
+        if source is None:
+            source = self.source_text()
+        return {
+            "kernel": self.kernel_name, "source": source,
+            "instructions": [{"engine": names[e["engine"]], "name": e["name"], "start_ns": e["start"],
+                              "end_ns": e["end"], "line": e["source"]} for e in self._events],
+            "occupancy": [{"t_ns": t, "sbuf_bytes": sb, "psum_bytes": ps} for t, sb, ps in self.occupancy],
+            "sbuf_capacity": self.machine.sbuf_bytes,
+            "psum_capacity": self.machine.psum_bytes_per_partition * self.machine.partitions,
+            "machine": self.machine.key, "latency_ns": self.latency_ns, "mfu": self.mfu, "mbu": self.mbu,
+        }
+
+    def source_text(self):
+        files = [e["source"].rsplit(":", 1)[0] for e in self._events]
+        if self.kernel_file:
+            files.insert(0, self.kernel_file)
+        for f in files:
+            try:
+                with open(f) as fh:
+                    return fh.read()
+            except OSError:
+                continue
+        return ""
+
     def to_dict(self):
         return {"kernel": self.kernel_name, "machine": self.machine.key, "device": self.machine.device,
                 "neuron_core": self.machine.name, "latency_ns": self.latency_ns, "mfu": self.mfu,
@@ -589,7 +622,7 @@ class Report:
         return f"<nki performance model: {self.summary()}>"
 
 
-def schedule(records, machine: Machine, kernel_name="") -> Report:
+def schedule(records, machine: Machine, kernel_name="", lives=None) -> Report:
     """Run the records on the machine's engines (see the module docstring)."""
     free = dict.fromkeys(ENGINES, 0.0)
     dma = _Bandwidth()
@@ -604,6 +637,7 @@ def schedule(records, machine: Machine, kernel_name="") -> Report:
     for i, rec in enumerate(records):
         for a in rec.accesses:
             last_use[a.root] = i
+    times = {}   # (instance, step) -> (start, done)
     for i, rec in enumerate(records):
         c = cost_of(rec, machine)
         eng = c.engine
@@ -657,6 +691,7 @@ def schedule(records, machine: Machine, kernel_name="") -> Report:
             events.append({"engine": eng, "start": start, "end": end, "ready": done, "name": rec.name,
                            "source": f"{rec.site[0]}:{rec.site[1]}", "function": rec.site[2],
                            "instance": rec.instance, "step": rec.step})
+        times[(rec.instance, rec.step)] = (start, done)
         if done > end_time:
             end_time = done
         for a in rec.accesses:
@@ -683,7 +718,35 @@ def schedule(records, machine: Machine, kernel_name="") -> Report:
                     if prev is None or prev.done <= done:
                         by_engine[eng] = entry
     events.sort(key=lambda e: (e["start"], ENGINES.index(e["engine"])))
-    return Report(machine, end_time, busy, counts, flops, ideal, hbm, events, kernel_name)
+    report = Report(machine, end_time, busy, counts, flops, ideal, hbm, events, kernel_name)
+    report.occupancy = _occupancy(lives or (), times, machine)
+    return report
+
+
+def _occupancy(lives, times, machine):
+    """[(t_ns, sbuf_bytes, psum_bytes)]: the on-chip bytes live over the modelled time (all partitions)."""
+    changes = []
+    for pid, live in lives:
+        for tile in live.allocs:
+            born = times.get((pid, tile.born))
+            dead = times.get((pid, tile.last_use))
+            if born is None or dead is None:
+                continue
+            nbytes = tile.footprint * machine.partitions
+            sbuf = tile.buffer is Buffer.sbuf
+            changes.append((born[0], nbytes if sbuf else 0, 0 if sbuf else nbytes))
+            changes.append((max(dead[1], born[0]), -nbytes if sbuf else 0, 0 if sbuf else -nbytes))
+    changes.sort(key=lambda c: (c[0], c[1] + c[2] > 0))  # at equal times, frees first
+    out = [(0.0, 0, 0)]
+    sb = ps = 0
+    for t, ds, dp in changes:
+        sb += ds
+        ps += dp
+        if out[-1][0] == t:
+            out[-1] = (t, sb, ps)
+        else:
+            out.append((t, sb, ps))
+    return out
 
 
 # ------------------------------------------------------------ running
@@ -706,7 +769,24 @@ def run_profiled(kernel, args, kwargs, *, target=None, hbm_allocator=None):
                                  hbm_allocator=hbm_allocator)
     seconds = time.perf_counter() - t0
     from .machine import default_target
-    return result, rec.records, machine or default_target(), seconds
+    records = Records(rec.records)
+    records.lives = rec.lives
+    records.kernel_file = getattr(getattr(kernel.fn, "__code__", None), "co_filename", None)
+    return result, records, machine or default_target(), seconds
+
+
+class Records(list):
+    """A launch's instruction records, with its instances' liveness counts and the kernel's file."""
+
+    lives = ()
+    kernel_file = None
+
+
+def model(records, machine, kernel_name="") -> Report:
+    """``schedule`` with the occupancy and source file a ``run_profiled`` recording carries."""
+    report = schedule(records, machine, kernel_name, getattr(records, "lives", None))
+    report.kernel_file = getattr(records, "kernel_file", None)
+    return report
 
 
 def estimate(kernel, *args, machine=None, **kwargs) -> Report:
@@ -716,7 +796,7 @@ def estimate(kernel, *args, machine=None, **kwargs) -> Report:
     m = resolve_machine(machine) if machine is not None else None
     args, kwargs = materialize(args, kwargs)
     _, records, used, _ = run_profiled(kernel, args, kwargs, target=m)
-    return schedule(records, used, _kernel_name(kernel))
+    return model(records, used, _kernel_name(kernel))
 
 
 def timeline(kernel, *args, machine=None, **kwargs) -> list:
@@ -767,8 +847,15 @@ def write_trace(report: Report, path: str):
     """Write the kernel's modelled instruction trace (JSON, Trace Event format plus the report)."""
     data = chrome_trace(report)
     data["instructions"] = report.timeline()
+    data["neuronNkiKernels"] = [report.nki_trace()]
     with open(path, "w") as f:
         json.dump(data, f, default=_json_default)
+
+
+def add_to_profiler(prof, *reports):
+    """Put the reports' instruction traces into a ``torch.profiler.profile`` trace (its
+    ``neuronNkiKernels`` metadata, which the explorer's NKI view draws)."""
+    prof.add_metadata_json("neuronNkiKernels", json.dumps([r.nki_trace() for r in reports], default=_json_default))
 
 
 def write_summary(report: Report, path: str, **extra):
