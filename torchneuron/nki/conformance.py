@@ -346,19 +346,23 @@ class _Log:
             json.dump({"calls": self.calls, "error": self.error, "finished": self.error != "running"}, f)
         os.replace(tmp, self.path)
 
-    def enter(self, fn):
+    def enter(self, fn, nested=False):
         code = getattr(fn, "__code__", None)
         f = os.path.basename(code.co_filename) if code is not None else "?"
-        self.calls.append({"file": f, "kernel": getattr(fn, "__name__", "?"), "ok": True})
+        entry = {"file": f, "kernel": getattr(fn, "__name__", "?"), "ok": True}
+        self.calls.append(entry)
+        if not nested:
+            self.top = entry
         self.save()
-        return self.calls[-1]
+        return entry
 
     def fail_last(self, detail):
-        if self.calls:
-            c = self.calls[-1]
-            if c["ok"]:
-                c["ok"], c["detail"] = False, detail
-                self.save()
+        """A failure seen outside a kernel (a printed check, an exception) belongs to the last kernel
+        the driver called."""
+        c = getattr(self, "top", None)
+        if c is not None and c["ok"]:
+            c["ok"], c["detail"] = False, detail
+            self.save()
 
 
 class _Tee(io.TextIOBase):
@@ -386,9 +390,12 @@ def _instrument(log):
         original = getattr(cls, attr)
 
         def call(self, *a, **k):
-            if log.depth:
+            # a kernel called from a kernel (it runs inline) is recorded too, once per driver run
+            nested = log.depth > 0
+            fn = fn_of(self)
+            if nested and any(c["kernel"] == fn.__name__ for c in log.calls):
                 return original(self, *a, **k)
-            entry = log.enter(fn_of(self))
+            entry = log.enter(fn, nested)
             log.depth += 1
             try:
                 return original(self, *a, **k)
@@ -397,6 +404,8 @@ def _instrument(log):
                     entry["ok"], entry["detail"] = False, f"{type(e).__name__}: {e}"
                 else:
                     log.calls.remove(entry)
+                    if getattr(log, "top", None) is entry:
+                        log.top = None
                 log.save()
                 raise
             finally:

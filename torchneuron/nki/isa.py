@@ -61,7 +61,9 @@ class nc_version(enum.Enum):
 
 def get_nc_version():
     """The NeuronCore generation of the machine the kernel runs on (``set_machine``/``target=``)."""
-    return nc_version(current().launch.target.generation)
+    from .context import in_kernel
+    from .machine import default_target
+    return nc_version((current().launch.target if in_kernel() else default_target()).generation)
 
 
 class matmul_perf_mode(enum.Enum):

@@ -221,8 +221,8 @@ class _TileSizeView(TileSize):
 
     @staticmethod
     def _machine():
-        from .context import current
-        return current().launch.target
+        from .context import current, in_kernel
+        return current().launch.target if in_kernel() else default_target()
 
     @property
     def sbuf_size_bytes(self):

@@ -7,9 +7,11 @@ beta-1 operations return, and views made by indexing any of them.
 A view is either
 
 * *basic*: a NumPy view into the buffer's storage (ints, slices with steps,
-  ``nl.ds``), which reads and writes through with no copy; or
-* *gathered*: a flat index array into the (C-contiguous) storage, for index
-  grids (``nl.arange``/``nl.mgrid`` expressions) and out-of-range accesses.
+  ``nl.ds``, and index grids whose elements form an in-bounds affine lattice,
+  as ``nl.arange``/``nl.mgrid`` arithmetic does), which reads and writes
+  through with no copy; or
+* *gathered*: a flat index array into the (C-contiguous) storage, for other
+  index grids (mixed with slices, not affine) and out-of-range accesses.
 
 Out-of-range elements are not an error when the view is made, because beta-1
 kernels index past a ragged edge and rely on the ``mask=`` of the instruction
