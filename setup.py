@@ -6,7 +6,7 @@ import glob
 import os
 
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+from torch.utils.cpp_extension import BuildExtension, CppExtension, include_paths
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sources = sorted(glob.glob("csrc/runtime/*.cpp") + glob.glob("csrc/bridge/**/*.cpp", recursive=True))
@@ -28,7 +28,9 @@ setup(
         CppExtension(
             "torchneuron._C",
             sources,
-            include_dirs=[os.path.join(ROOT, "csrc")],
+            # Kineto's headers ship in the wheel (the profiler's PrivateUse1
+            # interface includes them by bare name).
+            include_dirs=[os.path.join(ROOT, "csrc"), os.path.join(include_paths()[0], "kineto")],
             # -fopenmp: ATen's at::parallel_for is a header template that runs
             # serially unless the including code is built with OpenMP. At run
             # time this resolves to the libgomp.so.1 torch has already loaded.
