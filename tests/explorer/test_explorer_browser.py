@@ -124,3 +124,22 @@ def test_screenshots_of_every_view(browser, report):
             browser.execute_script("neuronExplorer.selectOperator(arguments[0])", top)
         path = os.path.join(ARTIFACTS, f"explorer_{view}.png")
         assert browser.save_screenshot(path) and os.path.getsize(path) > 10_000
+
+
+@pytest.mark.parametrize("kind", ["host_only", "empty"])
+def test_reports_without_device_rows_load_without_errors(browser, tmp_path, kind):
+    from synthetic_device_rows import TraceBuilder
+    b = TraceBuilder()
+    if kind == "host_only":
+        b.python("train.py(1): <module>", 0, 50)
+        b.op("aten::mm", 10, 20)
+    path = str(tmp_path / f"{kind}.html")
+    explorer.report(b.trace(), path)
+    browser.get("file://" + path)
+    for view in VIEWS:
+        _show(browser, view)
+    assert browser.execute_script("return neuronExplorer.errors") == []
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+    _show(browser, "timeline")
+    rows = browser.execute_script("return neuronExplorer.timelineRows()")
+    assert [r["kind"] for r in rows] == (["host"] if kind == "host_only" else [])
