@@ -151,6 +151,17 @@ def test_frames_nest_by_python_ids_when_an_annotation_overlaps_them():
     assert [a["strings"][f] for f in a["stacks"][ops["ProfilerStep#1"][6]]] == ["<module> (train.py:1)"]
 
 
+def test_enqueue_times_on_another_clock():
+    b = TraceBuilder()
+    op = b.op("aten::mm", 0, 10)
+    base_ns = 1_790_000_000_000_000_000
+    b.task("absolute", 20, 5, ext_id=op, queued=base_ns / 1000 + 12)  # Kineto's base time not taken off
+    b.task("after its start", 30, 5, ext_id=op, queued=31)              # impossible: ignored
+    b.task("on the clock", 40, 5, ext_id=op, queued=36)
+    trace = {**b.trace(), "baseTimeNanoseconds": base_ns}
+    assert [t[6] for t in analyze(trace)["tasks"]] == [12, None, 36]
+
+
 def test_user_frames():
     assert analysis.is_user_frame("train.py(30): train_step")
     assert analysis.is_user_frame("/home/me/project/train.py(30): train_step")

@@ -200,6 +200,23 @@ class Task:
         return self.end - self.ts
 
 
+# The longest a task can plausibly wait in its queue (us); beyond it an enqueue
+# time is taken to be on another clock.
+MAX_QUEUE_WAIT_US = 1e8
+
+
+def _on_trace_clock(queued, ts, base_us):
+    """An enqueue time on the clock of ts: as given, or as an absolute time from which
+    Kineto's base time was not taken (Kineto shifts ts, not the arguments); None when
+    neither is at or before the task's start."""
+    if queued is None:
+        return None
+    for q in (queued, queued - base_us):
+        if ts - MAX_QUEUE_WAIT_US <= q <= ts + 1e-3:
+            return q
+    return None
+
+
 def _as_int(value, default):
     try:
         return int(value)
@@ -287,8 +304,10 @@ class Trace:
             elif ph == "s" and cat == "ac2g":
                 flow_starts[e.get("id")] = e
         self.tasks.sort(key=lambda t: (t.ts, t.device, t.stream))
+        base_us = float(trace.get("baseTimeNanoseconds") or 0) / 1000
         for i, t in enumerate(self.tasks):
             t.index = i
+            t.queued = _on_trace_clock(t.queued, t.ts, base_us)
         self._nest()
         self._link_tasks(flow_starts)
         self.synthetic = bool(trace.get("neuronExplorerSyntheticDeviceRows"))
