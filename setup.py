@@ -20,7 +20,8 @@ setup(
     # torch_neuronx: AWS's import name for TorchNeuron, which Hugging Face
     # libraries look for (torch_neuronx/__init__.py); it imports torchneuron.
     packages=find_packages(include=["torchneuron", "torchneuron.*", "torch_neuronx", "torch_neuronx.*"]),
-    package_data={"torchneuron": ["py.typed"]},
+    # The explorer's report template, stylesheet and script (torchneuron/explorer/render.py).
+    package_data={"torchneuron": ["py.typed", "explorer/assets/*"]},
     # scripts/setup_env.sh builds the extension in place (incremental ninja
     # build) and then registers the package with TORCHNEURON_METADATA_ONLY=1,
     # so pip does not compile it a second time.
