@@ -38,6 +38,10 @@ from .source import Source
 TRIGGER = re.compile(r"cuda|CUDA|nccl|NCCL|cudnn|device_map|pin_memory_device|reduce-overhead|max-autotune|"
                      r"cudagraphs|flash_attention|GradScaler|Backend|nvidia-smi")
 
+#: what a file needs to hold for any finding: TRIGGER, or an import of a CUDA-only package
+FILE_TRIGGER = re.compile(TRIGGER.pattern + r"|\b(?:import|from)\s+(?:" +
+                          "|".join(sorted(p.replace(".", r"\.") for p in CUDA_ONLY_PACKAGES)) + r")\b")
+
 DEVICE_STRING = re.compile(r"^cuda(:[\w{}%]*)?$")
 NCCL_STRING = re.compile(r"(^|[,:])nccl($|,)")
 CUDA_ENV = re.compile(r"^(?:[A-Z0-9]+_)*CUDA(?:_[A-Z0-9]+)+$|^(?:[A-Z0-9]+_)+CUDA$")
@@ -71,6 +75,7 @@ class Finding:
     guarded: bool = False     # under a capability or import guard: reported, not counted
     origin: str = "static"    # or "runtime" (redirect.py)
     snippet: str = ""
+    literal: str | None = None   # a device string's value ("cuda:" for one built on a "cuda:" prefix)
     text_line: int = 0        # the line in the analysed text (differs from ``line`` in notebooks)
     fix: FixSpec | None = None
     # the If statements around it and the one whose test it is in (post-pass only)
@@ -260,8 +265,10 @@ class Detector:
                         self.add_alias(n)
         elif isinstance(stmt, ast.AnnAssign):
             hot = self.hot(stmt.lineno, stmt.end_lineno)
-            if hot and stmt.value is not None:
-                self.assignment(stmt, [stmt.target], stmt.value, scope)
+            if hot:
+                self.expr(stmt.annotation, scope)
+                if stmt.value is not None:
+                    self.assignment(stmt, [stmt.target], stmt.value, scope)
             names.bind_assign([stmt.target], stmt.value, scope, stmt.lineno)
             if hot:
                 for n in names.target_names(stmt.target):
@@ -438,8 +445,10 @@ class Detector:
             first = node.values[0] if node.values else None
             if isinstance(first, ast.Constant) and isinstance(first.value, str) and \
                     (first.value.startswith("cuda:") or (first.value == "cuda" and len(node.values) > 1)):
-                self.report(node, "TNL003", "builds a CUDA device string", "f\"{torch.accelerator."
-                            "current_accelerator().type}:...\"", self.spec("device_fstring", node), fixable)
+                f = self.report(node, "TNL003", "builds a CUDA device string", "f\"{torch.accelerator."
+                                "current_accelerator().type}:...\"", self.spec("device_fstring", node), fixable)
+                if f is not None:
+                    f.literal = "cuda:"
             return True
         if isinstance(node, ast.Compare):
             self.accelerator_is_cuda(node, scope)
@@ -625,9 +634,11 @@ class Detector:
             self.report(node, "TNL010", f"names the NCCL backend ({v!r})", "no backend argument")
         elif DEVICE_STRING.match(v):
             fixable = fixable and not self.in_literal_type(node)
-            self.report(node, "TNL003", f"names the CUDA device ({v!r})",
-                        "torch.accelerator.current_accelerator().type" + ("" if v == "cuda" else " + ':...'"),
-                        self.spec("device_string", node), fixable)
+            f = self.report(node, "TNL003", f"names the CUDA device ({v!r})",
+                            "torch.accelerator.current_accelerator().type" + ("" if v == "cuda" else " + ':...'"),
+                            self.spec("device_string", node), fixable)
+            if f is not None:
+                f.literal = v if v == "cuda" or v[5:].isdigit() else "cuda:"
         elif v.startswith("NCCL_"):
             self.report(node, "TNL011", f"uses the NCCL environment variable {v}")
         elif v == "CUDA_VISIBLE_DEVICES":
@@ -731,7 +742,7 @@ def analyse_source(source: Source) -> FileResult:
     line_count = text.count("\n") + (0 if text.endswith("\n") or not text else 1)
     if source.is_notebook:
         line_count = sum(c.line_count for c in source.cells)
-    if not TRIGGER.search(text):
+    if not FILE_TRIGGER.search(text):
         return FileResult(source.path, line_count, [], parsed=False)
     while True:
         try:

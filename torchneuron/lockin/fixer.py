@@ -19,7 +19,7 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .detect import FileResult, FixSpec, analyse_source
-from .source import Source, read, split_cells
+from .source import Source, cell_source, read, split_cells, write_notebook
 
 ACCELERATOR = "{torch}.accelerator.current_accelerator()"
 ACCELERATOR_TYPE = ACCELERATOR + ".type"
@@ -62,8 +62,10 @@ class _Rewriter(cst.CSTTransformer):
         self.specs = {(s.node_type, s.span): s for s in specs}
         self.torch = torch_name
         self.applied: set[int] = set()
+        self.names_torch = False   # whether a rewrite refers to torch
 
     def code(self, template: str) -> cst.BaseExpression:
+        self.names_torch = self.names_torch or "{torch}" in template
         return cst.parse_expression(template.format(torch=self.torch))
 
     def spec_of(self, node: cst.CSTNode) -> FixSpec | None:
@@ -104,6 +106,7 @@ class _Rewriter(cst.CSTTransformer):
             return self.code(ACCELERATOR_TYPE).with_changes(lpar=node.lpar, rpar=node.rpar)
         prefix, quote = _quote(node)
         rest = value[len("cuda"):].replace("{", "{{").replace("}", "}}")
+        self.names_torch = True
         text = f"f{quote}{{{ACCELERATOR_TYPE.format(torch=self.torch)}}}{rest}{quote}"
         return cst.parse_expression(text).with_changes(lpar=node.lpar, rpar=node.rpar)
 
@@ -259,7 +262,7 @@ def fix_text(text: str, result: FileResult, path: str = "<text>") -> FixResult:
     wrapper = MetadataWrapper(cst.parse_module(text))
     rewriter = _Rewriter(specs, torch_name)
     module = wrapper.visit(rewriter)
-    if result.torch_name is None:
+    if result.torch_name is None and rewriter.names_torch:
         module = _with_torch_import(module)
     not_applied = [s for s in specs if id(s) not in rewriter.applied]
     return FixResult(path, text, module.code, len(specs) - len(not_applied), not_applied)
@@ -269,22 +272,23 @@ def fix_source(source: Source, result: FileResult) -> FixResult:
     return fix_text(source.text, result, source.path)
 
 
-def notebook_with_cells(source: Source, fixed_text: str):
-    """The notebook node with its code cells' sources taken from ``fixed_text``."""
+def notebook_with_cells(source: Source, fixed_text: str) -> dict:
+    """The notebook's JSON with its code cells' sources taken from ``fixed_text``
+    (a list of lines where the notebook had one)."""
     import copy
 
     cells = split_cells(source, fixed_text)
     notebook = copy.deepcopy(source.notebook)
     added = cells.pop(0, "")
     first_code = True
-    for index, cell in enumerate(notebook.cells, start=1):
-        if cell.cell_type != "code" or index in source.skipped_cells:
+    for index, cell in enumerate(notebook["cells"], start=1):
+        if cell.get("cell_type") != "code" or index in source.skipped_cells:
             continue
-        text = cells.get(index, cell.source)
+        text = cells.get(index, cell_source(cell))
         if first_code and added.strip():
             text = added + "\n" + text
         first_code = False
-        cell.source = text
+        cell["source"] = text.splitlines(keepends=True) if isinstance(cell.get("source"), list) else text
     return notebook
 
 
@@ -295,9 +299,7 @@ def fix_path(path: str, write: bool) -> tuple[FixResult, FileResult]:
     result = analyse_source(source)
     fixed = fix_source(source, result)
     if source.is_notebook:
-        import nbformat
-        new_text = nbformat.writes(notebook_with_cells(source, fixed.fixed)) + "\n" if fixed.changed \
-            else original_text
+        new_text = write_notebook(notebook_with_cells(source, fixed.fixed)) if fixed.changed else original_text
     else:
         new_text = fixed.fixed
     out = FixResult(path, original_text, new_text, fixed.applied, fixed.not_applied)

@@ -59,7 +59,9 @@ class Recorder:
         path = os.path.abspath(filename)
         return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in self.program_roots)
 
-    def record(self, rule: str, what: str) -> None:
+    def record(self, rule: str, what: str, value=None) -> None:
+        """``value``: the device string or integer that was redirected, for the
+        report to tell a literal it already found from one built at run time."""
         frame = sys._getframe(1)
         site = program = None
         while frame is not None:
@@ -76,12 +78,13 @@ class Recorder:
             frame = frame.f_back
         if site is None:
             return
-        key = (site.f_code.co_filename, site.f_lineno, rule, what)
+        key = (site.f_code.co_filename, site.f_lineno, rule)   # a line's first record of each rule
         with self._lock:
             if key in self._seen:
                 return
             self._seen.add(key)
-            record = {"rule": rule, "what": what, "path": None, "line": None}
+            record = {"rule": rule, "what": what, "path": None, "line": None,
+                      "value": value if isinstance(value, (str, int)) else None}
             if program is not None:
                 line, cell = program.f_lineno, None
                 if self.line_map is not None and program.f_code.co_filename == self.line_map[0]:
@@ -301,7 +304,7 @@ class _DeviceMode(TorchFunctionMode):
                     changed = kwargs[k]
                     kwargs = {**kwargs, k: d}
         if changed is not None:
-            self.recorder.record("TNL003", f"device {changed!r} in {getattr(func, '__name__', func)}")
+            self.recorder.record("TNL003", f"device {changed!r} in {getattr(func, '__name__', func)}", changed)
         return func(*new_args, **kwargs)
 
 
@@ -315,7 +318,7 @@ def _device_type_subclass(base, target: str, recorder: Recorder, what: str, defa
             if device_type is None and default_cuda:
                 device_type = "cuda"
             if device_type == "cuda" and not _called_from_torch():
-                recorder.record("TNL006" if default_cuda else "TNL003", f"{what}('cuda')")
+                recorder.record("TNL006" if default_cuda else "TNL003", f"{what}('cuda')", "cuda")
                 device_type = target
             elif device_type == "cuda":
                 device_type = target

@@ -31,6 +31,7 @@ class Report:
     runtime_findings: list[Finding] = field(default_factory=list)   # lines only the run found
     library_sites: list[dict] = field(default_factory=list)         # redirections inside libraries
     runtime_confirmed: set = field(default_factory=set)             # (path, cell, line) seen at run time too
+    runtime_sites: list[dict] = field(default_factory=list)         # every record, as redirect.py made it
 
     # -- the counts ---------------------------------------------------------------------------
 
@@ -86,20 +87,35 @@ class Report:
     # -- run-time findings ----------------------------------------------------------------------
 
     def merge_runtime(self, sites: list[dict]) -> None:
-        """Adds redirect.py's records: each is a dict with path, line, rule, what, and
-        library_path/library_line when the redirected call was inside a library."""
+        """Adds redirect.py's records: each is a dict with path, line, rule, what,
+        the redirected value, and library_path/library_line when the redirected
+        call was inside a library.
+
+        A record on a line with a static finding confirms it. A device string
+        redirected on another line is explained by the static findings when
+        they hold that literal (``dev = "cuda"`` found, ``x.to(dev)`` redirected:
+        the assignment is the line to change); only the others, built at run
+        time or reached through a library, add lines."""
         static = {}
+        literals = set()
         for r in self.files:
             for f in r.findings:
                 static.setdefault((os.path.realpath(f.path), f.cell, f.line), f)
+                if f.literal:
+                    literals.add(f.literal)
         seen = set()
         for site in sites:
+            self.runtime_sites.append(site)
             if site.get("path") is None:
                 self.library_sites.append(site)
                 continue
             key = (os.path.realpath(site["path"]), site.get("cell"), site["line"])
             if key in static:
                 self.runtime_confirmed.add(key)
+                continue
+            value = site.get("value")
+            if isinstance(value, str) and (value in literals or ("cuda:" in literals and value.startswith("cuda:"))):
+                site["explained_by_static"] = True
                 continue
             if key in seen:
                 continue
@@ -181,7 +197,7 @@ def render_table(report: Report, list_findings: bool = True) -> str:
 def render_json(report: Report) -> str:
     return json.dumps({"tool": TOOL, "version": VERSION, "summary": report.summary(), "files": report.per_file(),
                        "rules": report.per_rule(), "findings": report.finding_dicts(),
-                       "library_sites": report.library_sites,
+                       "library_sites": report.library_sites, "runtime_sites": report.runtime_sites,
                        "not_parsed": [{"path": r.path, "error": r.error} for r in report.files if r.error]},
                       indent=1) + "\n"
 
@@ -205,7 +221,7 @@ def render_sarif(report: Report, root: str | None = None) -> str:
             "file://" + path
         location = {"physicalLocation": {"artifactLocation": {"uri": uri}, "region": {
             "startLine": f["line"], "startColumn": f["column"], "snippet": {"text": f["snippet"]}}}}
-        if uri.startswith(("file:", "/")) is False:
+        if not uri.startswith("file:"):
             location["physicalLocation"]["artifactLocation"]["uriBaseId"] = "SRCROOT"
         if f["cell"]:
             location["message"] = {"text": f"notebook cell {f['cell']}, line {f['line']}"}

@@ -1,6 +1,11 @@
 """What the analyser reads: Python files and Jupyter notebooks, as Python text
 with a map back to where each line came from.
 
+A notebook is read as the JSON it is (nbformat's format 4, the cells'
+``source`` a string or a list of lines), with the json module: nbformat's
+own reader validates, which costs seconds of imports for nothing the analysis
+needs.
+
 A notebook's code cells are joined into one module, in document order, so
 names imported in one cell resolve in the next; each cell starts with a marker
 comment (:data:`CELL_MARKER`) that survives a rewrite, so the fixed text splits
@@ -10,6 +15,7 @@ rewrite, and a cell magic (``%%bash``) makes the whole cell comments.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -36,7 +42,7 @@ class Source:
     text: str
     cells: list[Cell] | None = None                  # None: a .py file
     magics: list[str] = field(default_factory=list)  # the lines replaced by placeholders
-    notebook: object | None = None                   # the nbformat node, kept for writing back
+    notebook: dict | None = None                     # the notebook's JSON, kept for writing back
     skipped_cells: list[int] = field(default_factory=list)  # cells that are not Python
 
     @property
@@ -65,16 +71,20 @@ def _is_magic(line: str) -> bool:
     return stripped.startswith(("%", "!")) or (stripped.startswith("?") and not stripped.startswith("?="))
 
 
-def read_notebook(path: str) -> Source:
-    import nbformat
+def cell_source(cell: dict) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
 
-    notebook = nbformat.read(path, as_version=4)
+
+def read_notebook(path: str) -> Source:
+    with open(path, encoding="utf-8") as f:
+        notebook = json.load(f)
     parts, cells, magics, skipped = [], [], [], []
     line = 1
-    for index, cell in enumerate(notebook.cells, start=1):
-        if cell.cell_type != "code":
+    for index, cell in enumerate(notebook.get("cells", []), start=1):
+        if cell.get("cell_type") != "code":
             continue
-        lines = cell.source.split("\n")
+        lines = cell_source(cell).split("\n")
         if lines and lines[0].lstrip().startswith("%%"):
             skipped.append(index)
             lines = ["# " + ln for ln in lines]
@@ -93,6 +103,11 @@ def read_notebook(path: str) -> Source:
         parts.extend(lines)
         line += 1 + len(lines)
     return Source(path, "\n".join(parts) + "\n", cells, magics, notebook, skipped)
+
+
+def write_notebook(notebook: dict) -> str:
+    """The notebook's JSON as Jupyter writes it (one-space indent, UTF-8 as is)."""
+    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
 
 
 def blank_cell(source: Source, index: int) -> None:
