@@ -38,7 +38,7 @@ def test_the_number_comes_first(program, capsys):
     assert main([str(program)]) == 0
     out = capsys.readouterr().out
     assert out.startswith("3 lines tie this code to one vendor (NVIDIA): 1 fixable automatically, 2 by hand\n")
-    assert "1 guarded lines not counted" in out
+    assert "1 guarded line not counted" in out
     assert "prog.py:5:9  TNL001 fix" in out and "prog.py:7:5  TNL007 guarded" in out
 
 

@@ -147,6 +147,10 @@ def _where(f: dict) -> str:
     return f"{f['path']}{cell}:{f['line']}:{f['column']}"
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
 def headline(report: Report) -> str:
     s = report.summary()
     vendors = ", ".join(s["vendors"]) or "none"
@@ -157,14 +161,16 @@ def headline(report: Report) -> str:
 def render_table(report: Report, list_findings: bool = True) -> str:
     s = report.summary()
     out = [headline(report)]
-    rate = f", {s['lines_per_second']:,.0f} lines/s" if s["lines_per_second"] else ""
-    notes = [f"{s['files']} files, {s['lines_analysed']:,} lines analysed in {s['elapsed_s']:.2f} s{rate}"]
+    # a rate over a fraction of a second measures start-up costs, not the analysis
+    rate = f", {s['lines_per_second']:,.0f} lines/s" if s["elapsed_s"] >= 0.5 else ""
+    notes = [f"{_count(s['files'], 'file')}, {_count(s['lines_analysed'], 'line')} analysed in "
+             f"{s['elapsed_s']:.2f} s{rate}"]
     if s["guarded_lines"]:
-        notes.append(f"{s['guarded_lines']} guarded lines not counted")
+        notes.append(f"{_count(s['guarded_lines'], 'guarded line')} not counted")
     if s["runtime_only_lines"]:
-        notes.append(f"{s['runtime_only_lines']} lines found only at run time")
+        notes.append(f"{_count(s['runtime_only_lines'], 'line')} found only at run time")
     if s["errors"]:
-        notes.append(f"{s['errors']} files not parsed")
+        notes.append(f"{_count(s['errors'], 'file')} not parsed")
     out.append("  (" + "; ".join(notes) + ")")
     files = report.per_file()
     if files:

@@ -41,7 +41,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "`x.device.type == torch.accelerator.current_accelerator().type`", True,
          "compare `x.device.type` with the accelerator's type"),
     Rule("TNL003", "cuda-device-string", "a `\"cuda\"` device string names the CUDA device type", NVIDIA,
-         "`torch.accelerator.current_accelerator().type` (or the device itself in `.to()`)", True,
+         "`torch.accelerator.current_accelerator().type` (`\"cuda:N\"`: an f-string of it and N)", True,
          "build the device from `torch.accelerator.current_accelerator()`"),
     Rule("TNL004", "torch-cuda-api", "`torch.cuda.*` is the CUDA device module", NVIDIA,
          "`torch.accelerator.*`, `torch.Stream`/`torch.Event`, or `torch.get_device_module().*`", True,
