@@ -31,7 +31,7 @@ from . import names
 from .names import Binding, Lines, Scope
 from .rules import (CAPABILITY_GUARDS, CUDA_AMP, CUDA_API, CUDA_GRAPH_COMPILE_MODES, CUDA_GRAPH_NAMES,
                     CUDA_ONLY_HINTS, CUDA_ONLY_PACKAGES, CUDA_TENSOR_TYPES, FLASH_ATTENTION_IMPLEMENTATIONS,
-                    PROCESS_GROUP_CALLS, RULES)
+                    MATMUL_PRECISION, PROCESS_GROUP_CALLS, RULES)
 from .source import Source
 
 #: words that every finding's node contains (or a name bound on a line with one)
@@ -291,7 +291,7 @@ class Detector:
             q, _ = names.qualname(t, scope) if isinstance(t, ast.Attribute) else (None, None)
             if q == "torch.backends.cuda.matmul.allow_tf32" and isinstance(value, ast.Constant) \
                     and isinstance(value.value, bool) and len(targets) == 1:
-                precision = "high" if value.value else "highest"
+                precision = MATMUL_PRECISION[value.value]
                 self.report(stmt, "TNL008", "sets CUDA's TF32 matmul flag (torch.backends.cuda.matmul.allow_tf32)",
                             f'torch.set_float32_matmul_precision("{precision}")',
                             self.spec("matmul_precision", stmt, precision=precision))
@@ -332,13 +332,12 @@ class Detector:
             if any(a.name == "*" for a in stmt.names) and _is_cuda_module(module):
                 cuda_names.append(module + ".*")
         if cuda_names:
-            removable = [b for b in cuda_bindings]
             f = self.report(stmt, "TNL005", "imports " + ", ".join(cuda_names),
                             "import torch and use the neutral names",
-                            self.spec("import_remove", stmt, names=[b.name for b in removable],
+                            self.spec("import_remove", stmt, names=[b.name for b in cuda_bindings],
                                       modules=cuda_names), fixable=not any(n.endswith(".*") for n in cuda_names))
             if f is not None:
-                self.import_findings.append((f, removable))
+                self.import_findings.append((f, cuda_bindings))
         if packages:
             self.reported.discard(id(stmt))   # one import statement can hold both kinds
             self.report(stmt, "TNL018", "imports " + ", ".join(sorted(set(packages))) + ", which runs only on "
@@ -463,7 +462,6 @@ class Detector:
         parts = q.split(".")
         called = isinstance(parent, ast.Call) and parent.func is node
         store = isinstance(getattr(node, "ctx", None), (ast.Store, ast.Del))
-        name = q
 
         def say(rule, message, rewrite="", fix=None, fixable=True, at=node):
             self.report(at, rule, message, rewrite, fix, fixable and not store, binding)
@@ -475,17 +473,17 @@ class Detector:
             member = parts[3] if len(parts) > 3 else None
             kind = CUDA_AMP.get(member) if len(parts) == 4 else None
             if kind and called:
-                return say("TNL006", f"calls {name}", _amp_rewrite(member), self.spec(kind, parent, member=member))
+                return say("TNL006", f"calls {q}", _amp_rewrite(member), self.spec(kind, parent, member=member))
             if kind and decorator:
-                return say("TNL006", f"decorates with {name}", _amp_rewrite(member),
+                return say("TNL006", f"decorates with {q}", _amp_rewrite(member),
                            self.spec(kind, node, member=member))
-            return say("TNL006", f"uses {name}", _amp_rewrite(member or ""), fixable=False)
+            return say("TNL006", f"uses {q}", _amp_rewrite(member or ""), fixable=False)
         if parts[:2] == ["torch", "cuda"]:
             member = parts[2]
             if member in CUDA_GRAPH_NAMES:
-                return say("TNL009", f"uses CUDA graphs ({name})", fixable=False)
+                return say("TNL009", f"uses CUDA graphs ({q})", fixable=False)
             if member in CUDA_TENSOR_TYPES:
-                return say("TNL021", f"uses the CUDA tensor type {name}", fixable=False)
+                return say("TNL021", f"uses the CUDA tensor type {q}", fixable=False)
             depth = 3
             if member == "memory" and len(parts) > 3:
                 member, depth = parts[3], 4
@@ -493,7 +491,7 @@ class Detector:
             if neutral is None or len(parts) < depth:
                 hint = CUDA_ONLY_HINTS.get(member, f"torch.get_device_module().{member}, where the device "
                                                    "module has it")
-                return say("TNL004", f"uses {name}, which only CUDA has", hint, fixable=False)
+                return say("TNL004", f"uses {q}, which only CUDA has", hint, fixable=False)
             at = node
             for _ in range(len(parts) - depth):
                 at = at.value
@@ -503,30 +501,30 @@ class Detector:
             if at_called:
                 call = parent
                 if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
-                    return say("TNL004", f"calls {name}", shown + "(...)", fixable=False, at=at)
+                    return say("TNL004", f"calls {q}", shown + "(...)", fixable=False, at=at)
                 if (neutral.positional_only and (len(call.keywords) > 1 or (call.keywords and call.args))) or \
                         (neutral.max_positional is not None and len(call.args) > neutral.max_positional):
-                    return say("TNL004", f"calls {name} with arguments {shown} takes otherwise", shown + "(...)",
+                    return say("TNL004", f"calls {q} with arguments {shown} takes otherwise", shown + "(...)",
                                fixable=False, at=at)
-                return say("TNL004", f"calls {name}", shown + "(...)",
+                return say("TNL004", f"calls {q}", shown + "(...)",
                            self.spec("call_replace", call, code=target, positional=neutral.positional_only), at=at)
-            return say("TNL004", f"uses {name}", shown, self.spec("replace", at, code=target), at=at)
+            return say("TNL004", f"uses {q}", shown, self.spec("replace", at, code=target), at=at)
         if parts[:3] == ["torch", "backends", "cudnn"]:
-            return say("TNL007", f"uses {name}", "none", fixable=False)
+            return say("TNL007", f"uses {q}", "none", fixable=False)
         if parts[:3] == ["torch", "backends", "cuda"]:
             rewrite = "torch.nn.attention.sdpa_kernel(...)" if len(parts) > 3 and "sdp" in parts[3] else \
                 "torch.set_float32_matmul_precision(...)" if parts[3:4] == ["matmul"] else "none"
-            return say("TNL008", f"uses {name}", rewrite, fixable=False)
+            return say("TNL008", f"uses {q}", rewrite, fixable=False)
         if q == "torch.version.cuda":
             return say("TNL020", "reads torch.version.cuda", fixable=False)
         if q in ("torch.Tensor.cuda", "torch.nn.Module.cuda"):
-            return say("TNL001", f"uses {name}", fixable=False)
+            return say("TNL001", f"uses {q}", fixable=False)
         if q == "torch.Tensor.is_cuda":
-            return say("TNL002", f"uses {name}", fixable=False)
+            return say("TNL002", f"uses {q}", fixable=False)
         if q == "torch.distributed.Backend.NCCL":
             return say("TNL010", "names the NCCL backend", "no backend argument", fixable=False)
         if q in ("torch.utils.cpp_extension.CUDAExtension", "torch.utils.cpp_extension.CUDA_HOME"):
-            return say("TNL017", f"uses {name}", fixable=False)
+            return say("TNL017", f"uses {q}", fixable=False)
         if q == "torch._inductor.config.triton.cudagraphs":
             return say("TNL016", "uses Inductor's CUDA graphs setting", fixable=False)
 

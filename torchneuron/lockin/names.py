@@ -34,9 +34,6 @@ class Binding:
     uses: list = field(default_factory=list)   # the findings whose resolution went through it
 
 
-UNKNOWN = None
-
-
 class Scope:
     def __init__(self, kind: str, parent: Scope | None = None):
         self.kind = kind            # "module", "function" or "class"

@@ -18,9 +18,6 @@ from dataclasses import dataclass
 
 NVIDIA = "NVIDIA"
 
-#: the accelerator's device type, as a string: the rewrite of ``"cuda"``
-ACCELERATOR_TYPE = "{torch}.accelerator.current_accelerator().type"
-
 
 @dataclass(frozen=True)
 class Rule:
@@ -176,10 +173,6 @@ CUDA_ONLY_HINTS = {
 CUDA_AMP = {"autocast": "amp_autocast", "GradScaler": "amp_grad_scaler",
             "custom_fwd": "amp_custom_decorator", "custom_bwd": "amp_custom_decorator"}
 
-#: torch.autocast and torch.amp names whose first argument (or keyword) is a device type
-DEVICE_TYPE_CALLS = frozenset({"torch.autocast", "torch.amp.autocast", "torch.amp.GradScaler",
-                               "torch.amp.custom_fwd", "torch.amp.custom_bwd"})
-
 #: packages that run only on NVIDIA GPUs (import roots)
 CUDA_ONLY_PACKAGES = frozenset({
     "apex", "flash_attn", "flash_attn_interface", "xformers", "bitsandbytes", "triton", "pycuda", "cupy",
@@ -204,7 +197,3 @@ MATMUL_PRECISION = {True: "high", False: "highest"}
 #: so its findings are guarded (reported, not counted)
 CAPABILITY_GUARDS = frozenset({"torch.backends.cudnn.is_available", "torch.backends.cuda.is_built",
                                "torch.distributed.is_nccl_available"})
-
-#: tests that pick CUDA and run elsewhere too: rewriting them is fine unless
-#: what they guard has no neutral form
-CUDA_TESTS = frozenset({"torch.cuda.is_available"})
