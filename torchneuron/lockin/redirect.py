@@ -52,7 +52,8 @@ class Recorder:
         self.program_roots = [os.path.abspath(p) for p in program_files]
         self.sites: list[dict] = []
         self._seen: set = set()
-        self.line_map = None   # for a notebook: line of the joined text -> (cell, line)
+        # for a notebook: (the file name its code runs under, line -> (cell, line in the cell), its path)
+        self.line_map = None
         self._lock = threading.Lock()
 
     def in_program(self, filename: str) -> bool:
