@@ -40,6 +40,8 @@ setup(
         )
     ],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    entry_points={"torch.backends": ["torchneuron = torchneuron:_autoload"]},
+    entry_points={"torch.backends": ["torchneuron = torchneuron:_autoload"],
+                  # the lock-in report (torchneuron/lockin/, docs/lockin.md)
+                  "console_scripts": ["torchneuron-lockin = torchneuron.lockin.__main__:main"]},
     python_requires=">=3.10",
 )
