@@ -31,7 +31,8 @@ def test_report_of_the_known_program(known_trace, tmp_path):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
     data = _embedded(html)
     assert data == json.loads(json.dumps(explorer.analyze(known_trace)))
-    ops = [e for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
+    host = ("cpu_op", "user_annotation", *explorer.analysis.RUNTIME_CATS)  # task launches are host ranges too
+    ops = [e for e in raw["traceEvents"] if e.get("ph") == "X" and e.get("cat") in host]
     assert data["summary"]["host_ops"] == len(ops)
     names = {r["name"] for r in data["operators"]}
     assert {"aten::addmm", "aten::mse_loss", "aten::item"} <= names
@@ -55,8 +56,6 @@ def test_item_is_found_with_its_python_frame(known_trace):
     assert item[0]["frame_label"] == f"known_program (conftest.py:{code.co_firstlineno})"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 22 item 1: the profiler's device activities for neuron are not "
-                                       "written yet; when they are, this passes: remove the mark")
 def test_trace_of_a_neuron_program_has_device_rows(known_trace):
     s = explorer.analyze(known_trace)["summary"]
     assert s["has_device_rows"] and s["cores"][0]["busy_us"] > 0
