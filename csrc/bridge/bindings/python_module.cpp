@@ -176,4 +176,5 @@ PYBIND11_MODULE(_C, m) {
   // mode="reduce-overhead" replays (torchneuron/compile/replay.py).
   bind_compiled_replay(m);
   bind_device_errors(m);
+  bind_distributed(m);
 }
