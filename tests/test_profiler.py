@@ -28,7 +28,10 @@ def _known_program(a, b, x, side):
 
 @pytest.fixture
 def inputs():
-    a, b = torch.randn(256, 256, device="neuron"), torch.randn(256, 256, device="neuron")
+    # An mm long enough that the element-wise ops issued behind it join one
+    # pending group even on a loaded machine (the fuser merges into the newest
+    # task while it has not started).
+    a, b = torch.randn(768, 768, device="neuron"), torch.randn(768, 768, device="neuron")
     x = torch.randn(N, device="neuron")
     side = torch.neuron.Stream()
     torch.neuron.current_stream().wait_stream(side)
