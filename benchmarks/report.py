@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from . import lockin, profiler
 from .common import fmt_bytes, fmt_time
 
 TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX, COMPILED_MIN = 1.5, 0.95, 1.0, 1.3, 1.0
@@ -36,6 +37,7 @@ def targets(res: dict) -> list[dict]:
             add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
                 r["speed_vs_cpu"] >= E2E_MIN)
     rows += compiled_targets(res)
+    rows += profiler.targets(res) + lockin.targets(res)
     hf = res.get("huggingface", {})
     for w, r in hf.items():
         if "speed_vs_cpu" in r:
@@ -287,6 +289,21 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                              for r in p["perf_top"]["top"][:15]]))
     if "nki_kernels" in res:
         s.append(_nki_kernels_md(res["nki_kernels"], plot_files))
+    if "profiler" in res:
+        p = res["profiler"]
+        s.append(f"## torch.profiler's cost\n\nPer call of a tiny `add`, from {p['calls_per_sample']} calls "
+                 "synchronised (benchmarks/profiler.py); sessions' start and end outside the timing.\n\n")
+        s.append(_table(["run", "per call"], [
+            ("neuron, no profiler", fmt_time(p["neuron_off_s"])),
+            ("neuron, CPU-only session", fmt_time(p["neuron_cpu_session_s"])),
+            ("neuron, session with ProfilerActivity.NEURON", fmt_time(p["neuron_device_session_s"])),
+            ("CPU backend, CPU-only session", fmt_time(p["cpu_cpu_session_s"])),
+            ("device activities' own cost per task", f"{p['device_activity_cost_us']:.2f} us")]))
+    if "lockin" in res:
+        a = res["lockin"]["analysis"]
+        s.append(f"## torchneuron-lockin\n\n{a['lines']:,} lines of installed transformers and accelerate "
+                 f"source analysed at {a['lines_per_second']:,.0f} lines per second: {a['tying_lines']} lines "
+                 "tie them to one vendor.\n")
     if not smoke and os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
             s.append("\n" + f.read())

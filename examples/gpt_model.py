@@ -537,13 +537,15 @@ def train(device, steps: Optional[int] = None, seed: int = 1337, *,
           checkpoint_path: Optional[str] = None,
           resume_from: Optional[str] = None,
           keep_model: bool = True,
-          on_log: Optional[Callable[[int, float], None]] = None) -> TrainResult:
+          on_log: Optional[Callable[[int, float], None]] = None,
+          on_step: Optional[Callable[[int], None]] = None) -> TrainResult:
     """Train the GPT on ``device`` and return per-step losses and statistics.
 
     Same ``seed`` and configs => same initial weights, same batches, same
     learning-rate schedule on every device, so the loss curves are directly
     comparable.  The loop only reads the loss back every ``log_every`` steps
     (and at the end), so an asynchronous device can run ahead of Python.
+    ``on_step(step)`` runs at the end of every step (a profiler's ``step()``).
     """
     device = torch.device(device)
     tc = TrainConfig(**asdict(train_config)) if train_config is not None else TrainConfig()
@@ -624,6 +626,8 @@ def train(device, steps: Optional[int] = None, seed: int = 1337, *,
             if on_log is not None:
                 on_log(step, loss_val)
             t_last, step_last = now, step + 1
+        if on_step is not None:
+            on_step(step)
     synchronize(device)
     t_end = time.perf_counter()
     if pbar is not None:

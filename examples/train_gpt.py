@@ -4,11 +4,14 @@ model from the same seed on the CPU, and compare.
 
     python examples/train_gpt.py                     # neuron, then CPU reference
     python examples/train_gpt.py --device cpu --steps 100 --no-compare-cpu
+    python examples/train_gpt.py --profile           # profile a few steps, write the explorer's report
 
 Outputs (in ``--out``, default ``artifacts/``): ``loss_curve.png`` (device and
 CPU curves plus their relative difference), ``summary.json``, and one
 checkpoint per run (``gpt_<device>_step<N>.pt``, reloadable on any device with
-``--resume``).  The text is generated procedurally (examples/gpt_model.py:
+``--resume``).  With ``--profile``, only a few steps run, under torch.profiler:
+``profile/trace.json`` and the explorer's report ``profile/report.html``
+(torchneuron.explorer) are written instead.  The text is generated procedurally (examples/gpt_model.py:
 make_corpus); nothing is downloaded.  See gpt_model.py for how device/CPU
 parity is kept (CPU-side seeding) and how peak memory is measured.
 """
@@ -57,6 +60,11 @@ def parse_args(argv=None):
                    "(loaded with map_location=<device>; the CPU reference resumes from it too)")
     p.add_argument("--text", metavar="FILE", help="train on this UTF-8 text instead of the generated corpus")
     p.add_argument("--sample-chars", type=int, default=160, help="length of the sampled text")
+    p.add_argument("--profile", action="store_true",
+                   help="instead of the full run, profile a few training steps with torch.profiler and write "
+                        "the explorer's report (OUT/profile/report.html)")
+    p.add_argument("--profile-steps", type=int, default=3,
+                   help="steps recorded by --profile, after one skipped and one warm-up step")
     return p.parse_args(argv)
 
 
@@ -148,6 +156,31 @@ def release(device: torch.device) -> None:
         torch.accelerator.empty_cache()
 
 
+def profile_training(args, device: torch.device, mc: gm.GPTConfig, tc: gm.TrainConfig, text) -> str:
+    """Train a few steps under torch.profiler (host operators with their Python
+    stacks and memory; device activities on neuron), write the trace and the
+    explorer's report of it, and return the report's path."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    import torchneuron.explorer
+
+    out_dir = os.path.join(args.out, "profile")
+    os.makedirs(out_dir, exist_ok=True)
+    trace_path = os.path.join(out_dir, "trace.json")
+    activities = [ProfilerActivity.CPU]
+    if device.type == "neuron":
+        activities.append(ProfilerActivity.PrivateUse1)
+    # Step 0 (first calls: meta passes, caches) is skipped, step 1 warms the profiler up.
+    tc.steps = 2 + args.profile_steps
+    with profile(activities=activities, schedule=schedule(skip_first=1, wait=0, warmup=1, active=args.profile_steps, repeat=1),
+                 on_trace_ready=lambda p: p.export_chrome_trace(trace_path),
+                 record_shapes=True, profile_memory=True, with_stack=True) as prof:
+        gm.train(device, seed=args.seed, model_config=mc, train_config=tc, text=text,
+                 keep_model=False, on_step=lambda step: prof.step())
+    title = f"train_gpt.py on {device}, {args.profile_steps} steps"
+    return torchneuron.explorer.report(trace_path, os.path.join(out_dir, "report.html"), title=title)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = parse_device(args.device)
@@ -172,6 +205,12 @@ def main(argv=None) -> int:
           f"vocab {tok.vocab_size}, train/val {len(train_ids):,}/{len(val_ids):,}")
     print(f"model: {mc.n_layer} layers, d_model {mc.d_model}, {mc.n_head} heads, context {mc.block_size}, "
           f"dropout {mc.dropout}, attention {mc.attention}")
+    if args.profile:
+        print(f"profiling {args.profile_steps} training steps x batch {tc.batch_size} x {mc.block_size} "
+              f"(after one skipped and one warm-up step)")
+        report = profile_training(args, device, mc, tc, text)
+        print(f"profile report: {os.path.abspath(report)}")
+        return 0
     print(f"training: {tc.steps} steps x batch {tc.batch_size} x {mc.block_size} = "
           f"{tc.steps * tc.batch_size * mc.block_size:,} tokens, AdamW({tc.optimizer_impl}) "
           f"lr {tc.lr} warmup {tc.warmup_steps} + cosine, grad clip {tc.grad_clip}"

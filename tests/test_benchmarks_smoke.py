@@ -50,7 +50,7 @@ def test_benchmark_smoke_run(tmp_path):
     breakdown = hf["first_call"]["gpt_forward"]["neuron_breakdown"]
     assert breakdown["first"]["meta_signatures"] > 0 and breakdown["top_ops_by_extra_host_time"]
     assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "fusion", "end to end", "memory",
-                                                    "compiled", "huggingface"}
+                                                    "compiled", "huggingface", "profiler", "lockin"}
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md

@@ -243,6 +243,7 @@ def test_error_inside_kernel_is_raised_at_the_next_sync_naming_the_kernel():
         FLAGS["fail"] = False
     msg = str(err.value)
     assert "nki::copy_kernel" in msg and "copy_kernel was told to fail" in msg
+    assert len(torch.neuron.reset_errors()) == 1  # sticky until reset
     # the device keeps working
     torch.testing.assert_close(copy_kernel(a).cpu(), a.cpu())
 

@@ -28,5 +28,8 @@ _torch_patches.apply("set-num-threads")
 from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops, get_fused_ops  # noqa: E402
 from .nki import nki_op  # noqa: E402
 from . import compile as _compile  # noqa: E402,F401  (registers torch.compile's "neuron" backend)
+from . import distributed as _distributed  # noqa: E402
+
+_distributed.register()  # torch.distributed's "neuron" backend
 
 __all__ = ["get_executed_ops", "get_fallback_ops", "get_fused_ops", "clear_op_tracking", "nki_op"]

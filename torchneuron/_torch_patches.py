@@ -40,6 +40,11 @@ extension points, next to the thing it registers.
   for its code generators (``torch.neuron.Scheduling``, device.py);
   ``torch._functorch.config.patch``, a scoped config change (compile/backend.py).
 
+Not a patch either: ``torchneuron-lockin run`` (torchneuron/lockin/redirect.py)
+redirects ``torch.cuda``, ``torch.autocast``, ``torch.amp.GradScaler`` and
+``init_process_group`` for the program it runs, opt-in, inside a context
+manager that puts each back on exit.
+
 Not PyTorch: ``torchneuron.nki.install_import_aliases()``
 (torchneuron/nki/import_names.py) enters the NKI emulator in ``sys.modules``
 under the upstream import names ``neuronxcc.nki`` and ``nki``, on request.

@@ -138,6 +138,28 @@ def synchronize(device: Any = None) -> None:
     _C._synchronize(_index(device))
 
 
+# ---------------------------------------------------------------- errors
+# A device task that fails leaves its error on the device, as a CUDA kernel's
+# sticky error does: every synchronising call on that device (synchronize,
+# .cpu(), .item(), event waits, synchronous operators) raises the first
+# failure, with the exception type its kernel threw, until reset_errors()
+# clears them. Tensors written by the failed task, or computed from them,
+# hold unspecified values.
+def device_errors(device: Any = None) -> dict:
+    """The device's kept errors, without clearing them: ``{"errors": [message,
+    ...], "total": n, "unreported": n, "unreported_errors": [message, ...]}``;
+    unreported ones failed after a synchronising call last raised."""
+    _lazy_init()
+    return _C._device_errors(_index(device))
+
+
+def reset_errors(device: Any = None) -> list[str]:
+    """Clears the device's errors and returns their messages, oldest first
+    (the first 64; ``device_errors()["total"]`` counts all)."""
+    _lazy_init()
+    return list(_C._reset_errors(_index(device))["errors"])
+
+
 # ---------------------------------------------------------------- streams and events
 # torch.Stream and torch.Event check argument types exactly (elapsed_time,
 # wait_event, ...), so these construct plain torch.Stream / torch.Event objects

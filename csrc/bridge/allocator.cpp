@@ -83,6 +83,15 @@ void decrease(DeviceCache& c, bool large, StatField f, size_t amount) {
   (c.stats.*f)[size_t(large ? StatType::LARGE_POOL : StatType::SMALL_POOL)].decrease(amount);
 }
 
+// torch.profiler's profile_memory: each allocation and free with the
+// device's totals afterwards (call with c.mu held).
+void report_to_profiler(DeviceCache& c, const void* ptr, int64_t delta, int device) {
+  if (!c10::memoryProfilingEnabled()) return;
+  const auto total = [&](StatField f) { return (c.stats.*f)[size_t(StatType::AGGREGATE)].current; };
+  c10::reportMemoryUsageToProfiler(const_cast<void*>(ptr), delta, total(&DeviceStats::allocated_bytes),
+                                   total(&DeviceStats::reserved_bytes), c10::Device(kNeuron, device));
+}
+
 void trace(DeviceCache& c, const char* action, const void* ptr, size_t size, int stream) {
   if (c.record_history)
     c.history.push_back({action, reinterpret_cast<size_t>(ptr), size, stream, rt::now_ns() / 1000});
@@ -235,6 +244,7 @@ Block* malloc_block(int device, int stream, size_t requested) {
   increase(c, large, &DeviceStats::active_bytes, b->size);
   increase(c, large, &DeviceStats::requested_bytes, requested);
   trace(c, "alloc", b->ptr, b->size, stream);
+  report_to_profiler(c, b->ptr, static_cast<int64_t>(b->size), device);
   return b;
 }
 
@@ -251,6 +261,7 @@ void free_block(void* ctx) {
   decrease(c, b->large, &DeviceStats::allocated_bytes, b->size);
   decrease(c, b->large, &DeviceStats::requested_bytes, b->requested);
   trace(c, "free_requested", b->ptr, b->size, b->stream);
+  report_to_profiler(c, b->ptr, -static_cast<int64_t>(b->size), b->device);
   if (b->used_on.empty()) return release_block(c, b);
   // Used on other streams too: reusable once each of them reaches this point.
   for (int s : b->used_on) {

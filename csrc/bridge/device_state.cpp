@@ -13,17 +13,42 @@ thread_local c10::DeviceIndex t_current_device = 0;
 thread_local std::array<c10::StreamId, 64> t_current_stream{};
 } // namespace
 
+namespace {
+// A device task's error, raised as the exception type its kernel threw (an
+// IndexError stays an IndexError), with the executor thread's C++ backtrace
+// cut: it says nothing about the user's code.
+[[noreturn]] void rethrow_async_error(const rt::AsyncError& e) {
+  std::string what = e.what();
+  what = what.substr(0, what.find("\nException raised from "));
+  what += "\nThe device keeps its errors: every synchronising call on neuron:" + std::to_string(e.device) +
+          " raises this one until torch.neuron.reset_errors() clears them.";
+  try {
+    if (e.cause) std::rethrow_exception(e.cause);
+  } catch (const c10::IndexError&) {
+    TORCH_CHECK_INDEX(false, what);
+  } catch (const c10::ValueError&) {
+    TORCH_CHECK_VALUE(false, what);
+  } catch (const c10::TypeError&) {
+    TORCH_CHECK_TYPE(false, what);
+  } catch (const c10::NotImplementedError&) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, what);
+  } catch (const c10::LinAlgError&) {
+    TORCH_CHECK_WITH(LinAlgError, false, what);
+  } catch (const c10::OutOfMemoryError&) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+  } catch (...) {
+  }
+  TORCH_CHECK(false, what);
+}
+} // namespace
+
 void rethrow_runtime_error(const std::exception& e) {
   if (auto* oom = dynamic_cast<const rt::OutOfMemoryError*>(&e))
     TORCH_CHECK_WITH(OutOfMemoryError, false, oom->what());
+  if (auto* async = dynamic_cast<const rt::AsyncError*>(&e)) rethrow_async_error(*async);
   if (dynamic_cast<const rt::UsageError*>(&e) && std::string(e.what()).find("invalid neuron device index") != std::string::npos)
     TORCH_CHECK_INDEX(false, e.what());
-  std::string what = e.what();
-  // A c10 error thrown by a task carries the C++ backtrace of the executor
-  // thread, which says nothing about the user's code; as for errors raised
-  // on the host, Python shows the message without it.
-  if (dynamic_cast<const rt::AsyncError*>(&e)) what = what.substr(0, what.find("\nException raised from "));
-  TORCH_CHECK(false, what);
+  TORCH_CHECK(false, e.what());
 }
 
 void ensure_initialized() {

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <sys/mman.h>
 
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace torchneuron::runtime {
@@ -14,11 +16,13 @@ OutOfMemoryError::OutOfMemoryError(int device, size_t requested, size_t in_use, 
           std::to_string(capacity) + " bytes in use (TORCHNEURON_HBM_BYTES sets the capacity)"),
       device(device), requested(requested), in_use(in_use), capacity(capacity) {}
 
-AsyncError::AsyncError(int device, int stream, std::string task, std::string what)
-    : std::runtime_error("neuron:" + std::to_string(device) + ": operator " + task +
-                         " failed on the device (stream " + std::to_string(stream) +
-                         "), reported at this synchronising call: " + what),
-      device(device), stream(stream), task(std::move(task)) {}
+AsyncError::AsyncError(int device, int stream, std::string task, std::string detail, std::exception_ptr cause,
+                       size_t later_failures)
+    : std::runtime_error("neuron:" + std::to_string(device) + ": operator " + task + " failed on the device (stream " +
+                         std::to_string(stream) +
+                         (later_failures ? "; " + std::to_string(later_failures) + " later task(s) failed too" : "") +
+                         "): " + detail),
+      device(device), stream(stream), task(std::move(task)), detail(std::move(detail)), cause(std::move(cause)) {}
 
 Device::Device(DeviceProperties props, bool launch_blocking)
     : props_(std::move(props)), launch_blocking_(launch_blocking) {}
@@ -82,30 +86,54 @@ int Device::next_pool_stream() {
 }
 
 void Device::synchronize() {
-  std::vector<Stream*> live;
-  {
-    std::lock_guard<std::mutex> lock(streams_mu_);
-    for (auto& s : streams_)
-      if (s) live.push_back(s.get());
-  }
-  for (Stream* s : live) s->wait_until(s->last_enqueued());
+  for (Stream* s : made_streams()) s->wait_until(s->last_enqueued());
   raise_pending_error();
+}
+
+std::vector<Stream*> Device::made_streams() {
+  std::vector<Stream*> live;
+  for (auto& s : made_)
+    if (Stream* made = s.load(std::memory_order_acquire)) live.push_back(made);
+  return live;
+}
+
+bool Device::wait_idle(int64_t deadline_ns) {
+  for (Stream* s : made_streams())
+    if (!s->wait_until(s->last_enqueued(), deadline_ns)) return false;
+  return true;
+}
+
+void Device::cancel_pending() {
+  for (Stream* s : made_streams()) s->cancel_pending();
 }
 
 void Device::record_error(AsyncError error) {
   std::lock_guard<std::mutex> lock(error_mu_);
-  if (!error_) error_.emplace(std::move(error));
+  if (errors_.kept.size() < kMaxKeptErrors) errors_.kept.push_back(std::move(error));
+  ++errors_.total;
+  ++errors_.unreported;
   has_error_.store(true, std::memory_order_release);
 }
 
 void Device::raise_pending_error() {
   if (!has_pending_error()) return;
   std::lock_guard<std::mutex> lock(error_mu_);
-  if (!error_) return;
-  AsyncError e = std::move(*error_);
-  error_.reset();
+  if (errors_.kept.empty()) return;
+  errors_.unreported = 0;
+  const AsyncError& first = errors_.kept.front();
+  if (errors_.total == 1) throw first;
+  throw AsyncError(first.device, first.stream, first.task, first.detail, first.cause, errors_.total - 1);
+}
+
+Device::Errors Device::errors() const {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  return errors_;
+}
+
+Device::Errors Device::take_errors() {
+  std::lock_guard<std::mutex> lock(error_mu_);
   has_error_.store(false, std::memory_order_release);
-  throw e;
+  return std::exchange(errors_, Errors());
 }
 
 namespace {

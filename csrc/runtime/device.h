@@ -8,8 +8,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
+#include <vector>
 
 #include "config.h"
 #include "errors.h"
@@ -50,18 +50,35 @@ class Device {
   Stream& stream(int id);
   int next_pool_stream();  // an id from the pool, round-robin
   void synchronize();      // every stream, then raise a pending error
+  // Waits for every stream until `deadline_ns`; whether all finished.
+  bool wait_idle(int64_t deadline_ns);
+  void cancel_pending();   // Stream::cancel_pending on every stream
 
-  // Asynchronous errors: the first is kept until a synchronising call raises it.
+  // Asynchronous errors are sticky, as CUDA's: every failed task is kept (the
+  // first kMaxKeptErrors, the rest counted), and every synchronising call
+  // raises the first, naming how many followed, until take_errors() clears
+  // them. A later task still runs; its results may depend on the failed one.
+  static constexpr size_t kMaxKeptErrors = 64;
   void record_error(AsyncError error);
   void raise_pending_error();
   bool has_pending_error() const { return has_error_.load(std::memory_order_acquire); }
+  struct Errors {
+    std::vector<AsyncError> kept;
+    size_t total = 0;       // kept and counted
+    size_t unreported = 0;  // recorded since the last synchronising call raised
+  };
+  Errors errors() const;   // a copy
+  Errors take_errors();    // and clears them: the device reports no error until the next failure
 
   void observe(int stream, const Task& task) const {
     if (TaskObserver obs = observer_.load(std::memory_order_acquire)) obs(index(), stream, task);
   }
   void set_observer(TaskObserver obs) { observer_.store(obs, std::memory_order_release); }
+  bool observed() const { return observer_.load(std::memory_order_relaxed) != nullptr; }
 
  private:
+  std::vector<Stream*> made_streams();  // streams made so far
+
   const DeviceProperties props_;
   const bool launch_blocking_;
 
@@ -77,8 +94,8 @@ class Device {
   std::array<std::atomic<Stream*>, kStreams> made_{};
   std::atomic<int> pool_cursor_{0};
 
-  std::mutex error_mu_;
-  std::optional<AsyncError> error_;
+  mutable std::mutex error_mu_;
+  Errors errors_;
   std::atomic<bool> has_error_{false};
   std::atomic<TaskObserver> observer_{nullptr};
 };

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -22,12 +23,16 @@ struct OutOfMemoryError : std::runtime_error {
   size_t requested, in_use, capacity;
 };
 
-// An error thrown by a device task. It is kept by the device and raised at the
-// next synchronising call, naming the task (the operator) that failed.
+// An error thrown by a device task, naming the task (the operator) that
+// failed. The device keeps it (Device::record_error) and raises it at
+// synchronising calls; `cause` is the task's own exception, so that the
+// bridge can raise the exception type the kernel threw.
 struct AsyncError : std::runtime_error {
-  AsyncError(int device, int stream, std::string task, std::string what);
+  AsyncError(int device, int stream, std::string task, std::string detail, std::exception_ptr cause = nullptr,
+             size_t later_failures = 0);
   int device, stream;
-  std::string task;
+  std::string task, detail;
+  std::exception_ptr cause;
 };
 
 // Invalid use of the runtime API (device index out of range, ...).

@@ -1,5 +1,9 @@
 #include "stream.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -11,6 +15,7 @@ namespace torchneuron::runtime {
 
 namespace {
 constexpr int64_t kSpinNs = 50'000;
+std::atomic<WaitInterruptCheck> g_wait_interrupt_check{nullptr};
 
 // Who may touch a slot's task.
 enum SlotState : uint32_t {
@@ -20,6 +25,20 @@ enum SlotState : uint32_t {
   kTaken,     // the executor runs it, then frees the slot
 };
 } // namespace
+
+thread_local uint64_t t_launch_tag = 0;
+void set_launch_tag(uint64_t tag) { t_launch_tag = tag; }
+uint64_t launch_tag() { return t_launch_tag; }
+
+namespace {
+Launcher this_launcher() {
+  thread_local const int32_t thread = static_cast<int32_t>(::syscall(SYS_gettid));
+  return Launcher{t_launch_tag, thread};
+}
+} // namespace
+
+void set_wait_interrupt_check(WaitInterruptCheck check) { g_wait_interrupt_check.store(check); }
+WaitInterruptCheck wait_interrupt_check() { return g_wait_interrupt_check.load(std::memory_order_acquire); }
 
 struct alignas(64) Stream::Slot {
   std::atomic<uint32_t> state{kFree};
@@ -58,6 +77,7 @@ uint64_t Stream::enqueue(TaskName name, TaskBody run) {
 
 uint64_t Stream::enqueue(Task task) {
   task.enqueued_ns = now_ns();
+  if (device_.observed()) task.launcher = this_launcher();
   const int64_t linger = task.open ? task.open->linger_ns() : 0;
   const int64_t linger_until = linger > 0 ? task.enqueued_ns + linger : 0;
   if (task.open) open_waiting_.fetch_add(1, std::memory_order_relaxed);
@@ -96,15 +116,17 @@ uint64_t Stream::enqueue(Task task) {
 
 void Stream::run_one(Task& task) {
   task.started_ns = now_ns();
+  const bool cancelled = task.seq <= cancelled_through_.load(std::memory_order_acquire);
   try {
-    task.run();
+    if (!cancelled) task.run();
   } catch (const std::exception& e) {
-    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), e.what()));
+    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), e.what(), std::current_exception()));
   } catch (...) {
-    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), "unknown exception"));
+    device_.record_error(
+        AsyncError(device_.index(), id_, task.name.str(), "unknown exception", std::current_exception()));
   }
   task.finished_ns = now_ns();
-  device_.observe(id_, task);
+  if (!cancelled) device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
   task.open.reset();
   // Without the lock unless a host waits: a waiter registers (under the lock)
@@ -186,13 +208,35 @@ bool Stream::idle() {
   return work();  // when stopping, after the last task
 }
 
-void Stream::wait_until(uint64_t seq) {
-  if (is_complete(seq)) return;
+bool Stream::wait_until(uint64_t seq, int64_t deadline_ns) {
+  if (is_complete(seq)) return true;
+  // How often a waiting host looks for an interrupt (Ctrl-C).
+  constexpr auto kInterruptPoll = std::chrono::milliseconds(50);
+  const WaitInterruptCheck check = wait_interrupt_check();
+  auto done = [&] { return completed_.load(std::memory_order_seq_cst) >= seq; };
   std::unique_lock<std::mutex> lock(sleep_mu_);
   ++host_waiters_;
+  struct Unregister {  // also when the interrupt check throws
+    std::atomic<int>& waiters;
+    ~Unregister() { --waiters; }
+  } unregister{host_waiters_};
   if (executor_sleeping_) work_cv_.notify_one();  // a lingering task starts now
-  done_cv_.wait(lock, [&] { return completed_.load(std::memory_order_seq_cst) >= seq; });
-  --host_waiters_;
+  if (!check && deadline_ns == kNoDeadline) {
+    done_cv_.wait(lock, done);
+    return true;
+  }
+  while (!done()) {
+    const int64_t now = now_ns();
+    if (now >= deadline_ns) return false;
+    auto slice = std::min<std::chrono::nanoseconds>(kInterruptPoll, std::chrono::nanoseconds(deadline_ns - now));
+    if (done_cv_.wait_for(lock, slice, done)) break;
+    if (check) {
+      lock.unlock();  // the check may take the interpreter's lock: never under ours
+      check();
+      lock.lock();
+    }
+  }
+  return true;
 }
 
 void Stream::synchronize() {
@@ -226,6 +270,13 @@ void Stream::notify_free(const void* ptr, size_t nbytes) {
     ~Release() { slot->state.store(kReady, std::memory_order_release); }
   } release{slot};
   if (slot->task.open) slot->task.open->on_free(ptr, nbytes);
+}
+
+void Stream::cancel_pending() {
+  uint64_t through = enqueued_.load(std::memory_order_acquire);
+  uint64_t seen = cancelled_through_.load(std::memory_order_relaxed);
+  while (seen < through && !cancelled_through_.compare_exchange_weak(seen, through, std::memory_order_acq_rel)) {
+  }
 }
 
 size_t Stream::pending() const {

@@ -30,6 +30,13 @@ namespace torchneuron::runtime {
 
 class Device;
 
+// Called, on the waiting thread, every few tens of milliseconds while a host
+// waits for a stream; it may throw to abandon the wait. The bridge sets one
+// that raises KeyboardInterrupt when Ctrl-C was pressed. Null: none.
+using WaitInterruptCheck = void (*)();
+void set_wait_interrupt_check(WaitInterruptCheck check);
+WaitInterruptCheck wait_interrupt_check();
+
 class Stream {
  public:
   Stream(Device& device, int id);
@@ -50,9 +57,13 @@ class Stream {
   bool is_complete(uint64_t seq) const { return completed_.load(std::memory_order_acquire) >= seq; }
   bool query() const { return is_complete(last_enqueued()); }
 
-  // Blocks the calling thread until task `seq` has finished. Raises nothing:
-  // errors are raised by the device's synchronising calls.
-  void wait_until(uint64_t seq);
+  // Blocks the calling thread until task `seq` has finished, or until
+  // `deadline_ns` (now_ns's clock) has passed: returns whether the task
+  // finished. Raises no device error (the device's synchronising calls do),
+  // but a host waiting longer than a moment calls the wait-interrupt check
+  // (set_wait_interrupt_check), which may throw to abandon the wait.
+  static constexpr int64_t kNoDeadline = INT64_MAX;
+  bool wait_until(uint64_t seq, int64_t deadline_ns = kNoDeadline);
   // Waits for everything queued so far, then raises a pending device error.
   void synchronize();
 
@@ -68,6 +79,11 @@ class Stream {
 
   // Number of queued tasks not yet started (a snapshot).
   size_t pending() const;
+
+  // Tasks queued so far that have not started are skipped: they complete
+  // without running (their captures are released). For a process that is
+  // exiting; their results are never computed.
+  void cancel_pending();
 
  private:
   struct Slot;
@@ -94,6 +110,7 @@ class Stream {
   // Executor side: only the executor writes these.
   alignas(64) std::atomic<uint64_t> completed_{0};
   std::atomic<uint64_t> started_{0};
+  std::atomic<uint64_t> cancelled_through_{0};  // written by hosts (cancel_pending)
   std::atomic<int64_t> open_waiting_{0};  // open tasks queued and not started (hosts add, the executor takes)
   Segment* head_ = nullptr;
   uint32_t head_pos_ = 0;

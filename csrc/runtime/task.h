@@ -145,6 +145,14 @@ class OpenWork {
   virtual int64_t linger_ns() const { return 0; }
 };
 
+// Who launched a task, for a profiler: the launching thread's tag (the
+// profiler's id of the operator it is running) and its system thread id.
+// Taken at enqueue only while a task observer is set.
+struct Launcher {
+  uint64_t tag = 0;
+  int32_t thread = 0;
+};
+
 struct Task {
   TaskName name;
   TaskBody run;
@@ -152,10 +160,16 @@ struct Task {
   int64_t enqueued_ns = 0;   // host time of the launch
   int64_t started_ns = 0;    // device time the task began
   int64_t finished_ns = 0;   // device time the task ended
+  Launcher launcher;         // set on enqueue while observed
   std::shared_ptr<OpenWork> open;  // null for work that cannot change once queued
 };
 
 // Called on the executor thread after every task (profiler feed). Must be cheap.
 using TaskObserver = void (*)(int device, int stream, const Task& task);
+
+// The calling thread's launch tag, recorded in the tasks it enqueues while a
+// task observer is set (a profiler sets it to the operator being run).
+void set_launch_tag(uint64_t tag);
+uint64_t launch_tag();
 
 } // namespace torchneuron::runtime

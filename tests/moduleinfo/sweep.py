@@ -341,6 +341,7 @@ def execute(module, args, kwargs, weights, on_device: bool, inference_first: boo
         if on_device:
             with contextlib.suppress(Exception):
                 sync()
+            torch.neuron.reset_errors()  # errors are sticky: the next sample starts clean
         r.error = (stage, e)
     return r
 

@@ -193,6 +193,7 @@ def _on_device(fn):
     except Exception as e:  # noqa: BLE001
         with contextlib.suppress(Exception):
             sync()
+        torch.neuron.reset_errors()  # errors are sticky: the next sample starts clean
         return None, e
 
 

@@ -7,5 +7,9 @@ namespace torchneuron {
 
 // torchneuron._C._CompiledReplay (compiled_replay_bindings.cpp).
 void bind_compiled_replay(pybind11::module_& m);
+// Device errors, interruptible waits and the exit drain (device_errors_bindings.cpp).
+void bind_device_errors(pybind11::module_& m);
+// The `neuron` c10d backend (distributed_bindings.cpp).
+void bind_distributed(pybind11::module_& m);
 
 } // namespace torchneuron

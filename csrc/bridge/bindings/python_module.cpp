@@ -122,6 +122,8 @@ PYBIND11_MODULE(_C, m) {
     return py::make_tuple(p.name, p.total_memory, p.core_id);
   });
   m.def("_launch_blocking", [] { return rt::config().launch_blocking; });
+  // Whether the runtime reports tasks to a profiler (profiler/device_activities.h).
+  m.def("_task_observer_set", [] { return device_count() > 0 && rt::device(0).observed(); });
   m.def("_synchronize", [](int index) {
     py::gil_scoped_release no_gil;
     check_device_index(index);
@@ -173,4 +175,6 @@ PYBIND11_MODULE(_C, m) {
   m.attr("_max_kernel_floats") = kMaxKernelFloats;
   // mode="reduce-overhead" replays (torchneuron/compile/replay.py).
   bind_compiled_replay(m);
+  bind_device_errors(m);
+  bind_distributed(m);
 }

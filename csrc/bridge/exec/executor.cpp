@@ -22,6 +22,10 @@
 // flags, modes) runs synchronously and its results are checked against the
 // meta pass; signatures that agree are queued from then on, those that
 // disagree keep running synchronously, with the CPU kernel's own metadata.
+// Likewise the first call of each kernel-check signature (meta.h) of every
+// queued operator runs synchronously, so that the checks a CPU kernel makes
+// before touching data raise at the call, as on the CPU; only data can make a
+// later call fail, and such errors are raised at the next synchronising call.
 // The small calls of the lean path (../ops/lean_path.cpp) never get here.
 #include "executor.h"
 
@@ -175,6 +179,22 @@ void run_observing_growth(const c10::OperatorHandle& op, const OpPolicy& policy,
   meta_cache_insert(std::move(full), std::make_shared<const MetaResult>(std::move(seen)));
 }
 
+// Whether the CPU kernel has accepted a call with this kernel-check signature
+// (meta.h): then a failure can only come from the data, and the call may queue.
+bool kernel_accepted(const OpPolicy& policy, uint64_t sig) {
+  if (policy.learned.last_accepted.load(std::memory_order_relaxed) == sig) return true;
+  std::lock_guard<std::mutex> lock(policy.learned.mu);
+  if (!policy.learned.kernel_accepted.count(sig)) return false;
+  policy.learned.last_accepted.store(sig, std::memory_order_relaxed);
+  return true;
+}
+
+void accept_kernel(const OpPolicy& policy, uint64_t sig) {
+  std::lock_guard<std::mutex> lock(policy.learned.mu);
+  policy.learned.kernel_accepted.insert(sig);
+  policy.learned.last_accepted.store(sig, std::memory_order_relaxed);
+}
+
 // Whether a verified call with these arguments may queue; nullopt when its
 // signature has not been seen.
 std::optional<bool> meta_verdict(const OpPolicy& policy, uint64_t sig) {
@@ -209,20 +229,30 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     std::shared_ptr<const MetaResult> predicted;
     failure = run_meta(op, policy, args, predicted);
     if (failure == MetaFailure::None) {
+      // A kernel's own checks (dtypes it is built for, argument checks the
+      // meta kernel lacks) raise at the call on the CPU: the first call of
+      // each kernel-check signature runs synchronously so they do here too.
+      const uint64_t check = kernel_check_signature(args);
       if (!predicted->observed && grows_empty_out(args, policy, *predicted)) {
         record_execution(*policy.counter, Execution::Synchronizing);
-        return run_observing_growth(op, policy, stack, device, *predicted);
+        run_observing_growth(op, policy, stack, device, *predicted);
+        return accept_kernel(policy, check);
       }
       std::optional<bool> agrees;
       uint64_t sig = 0;
       if (policy.verify_meta && !predicted->observed) agrees = meta_verdict(policy, sig = verification_signature(args));
       if (!policy.verify_meta || predicted->observed || agrees.value_or(false)) {
+        if (!kernel_accepted(policy, check)) {
+          record_execution(*policy.counter, Execution::Synchronizing);
+          run_synchronously(op, policy, stack, device);
+          return accept_kernel(policy, check);
+        }
         record_execution(*policy.counter, Execution::Queued);
         return launch_queued(op, policy, stack, device, predicted->returns, predicted->written);
       }
       run_verifying(op, policy, stack, device, *predicted, sig, agrees);
       record_execution(*policy.counter, Execution::Synchronizing);
-      return;
+      return accept_kernel(policy, check);
     }
   }
   const bool expected_sync = policy.data_dependent || !policy.tensor_returns || failure == MetaFailure::DataDependent;

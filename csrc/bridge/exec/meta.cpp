@@ -195,7 +195,8 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
   return failure;
 }
 
-uint64_t verification_signature(c10::ArrayRef<c10::IValue> args) {
+namespace {
+uint64_t argument_signature(c10::ArrayRef<c10::IValue> args, bool int_values) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
   auto tensor = [&](const at::Tensor& t) {
@@ -206,13 +207,17 @@ uint64_t verification_signature(c10::ArrayRef<c10::IValue> args) {
     mix(a.isNone() ? 17 : 19);
     if (a.isTensor()) tensor(a.toTensor());
     else if (a.isBool()) mix(a.toBool() ? 3 : 5);
-    else if (a.isInt()) mix(static_cast<uint64_t>(a.toInt()) * 7 + 11);
+    else if (a.isInt()) mix(int_values ? static_cast<uint64_t>(a.toInt()) * 7 + 11 : 13);
     else if (a.isString()) mix(std::hash<std::string>()(a.toStringRef()));
     else if (a.isTensorList()) { mix(a.toTensorList().size()); for (const at::Tensor& t : a.toTensorList()) tensor(t); }
     else if (a.isList()) { for (const c10::IValue& e : a.toList()) if (e.isTensor()) tensor(e.toTensor()); else mix(e.isNone()); }
   }
   return h;
 }
+} // namespace
+
+uint64_t verification_signature(c10::ArrayRef<c10::IValue> args) { return argument_signature(args, true); }
+uint64_t kernel_check_signature(c10::ArrayRef<c10::IValue> args) { return argument_signature(args, false); }
 
 bool results_match_meta(const OpPolicy& policy, c10::ArrayRef<c10::IValue> results, c10::ArrayRef<c10::IValue> meta) {
   for (size_t i = 0; i < results.size(); ++i) {

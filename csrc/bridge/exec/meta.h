@@ -60,6 +60,13 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
 // do not re-verify), and whether results computed by the CPU kernel have the
 // sizes and dtypes the meta pass predicted for each fresh result.
 uint64_t verification_signature(c10::ArrayRef<c10::IValue> args);
+// What decides whether the CPU kernel accepts a call without looking at the
+// data (the dtypes it is built for, flags, modes, strings, which arguments
+// are absent): the verification signature without integer values, so calls
+// that differ only in sizes, dims or offsets share it. The first call of each
+// runs synchronously, so that such errors are raised at the call with the
+// CPU's exception type (executor.cpp).
+uint64_t kernel_check_signature(c10::ArrayRef<c10::IValue> args);
 bool results_match_meta(const OpPolicy& policy, c10::ArrayRef<c10::IValue> results, c10::ArrayRef<c10::IValue> meta);
 
 } // namespace torchneuron

@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "../op_tracking.h"
@@ -90,6 +91,8 @@ struct OpPolicy {
     std::atomic<bool> no_meta{false};                 // a meta pass refused it for good
     std::mutex mu;
     std::unordered_map<uint64_t, bool> meta_agrees;   // verify_meta: signature -> verdict
+    std::unordered_set<uint64_t> kernel_accepted;     // kernel_check_signature of calls that ran
+    std::atomic<uint64_t> last_accepted{0};           // the newest of them, checked without the lock
     std::unique_ptr<PlacementHistory> placement;      // place_results: which request is each result
   };
   mutable Learned learned;

@@ -235,7 +235,7 @@ TEST(elapsed_time_uses_device_timestamps) {
   expect_throw<UsageError>([&] { (void)start.elapsed_ms(untimed); });
 }
 
-TEST(task_errors_are_raised_at_synchronisation) {
+TEST(task_errors_are_sticky_and_all_kept) {
   Device d(props(1 << 20), false);
   Stream& s = d.stream(0);
   bool later_ran = false;
@@ -244,14 +244,50 @@ TEST(task_errors_are_raised_at_synchronisation) {
   auto msg = expect_throw<AsyncError>([&] { s.synchronize(); });
   CHECK(contains(msg, "aten::bad_op") && contains(msg, "index 7 is out of bounds"));
   CHECK(later_ran);
-  s.synchronize();  // the error was reported once; the device works on
-  // Any synchronising call reports it: device-wide and event synchronisation.
+  CHECK(d.errors().unreported == 0);
+  // Sticky: every synchronising call raises it again (stream, device, event),
+  // and a second failure is kept behind the first.
   s.enqueue("aten::other", [] { throw std::runtime_error("boom"); });
-  CHECK(contains(expect_throw<AsyncError>([&] { d.synchronize(); }), "aten::other"));
-  s.enqueue("aten::third", [] { throw std::runtime_error("boom"); });
+  d.stream(3).enqueue("aten::side", [] { throw std::invalid_argument("side"); });
+  CHECK(contains(expect_throw<AsyncError>([&] { d.synchronize(); }), "2 later task(s) failed too"));
   Event e;
   e.record(s);
-  CHECK(contains(expect_throw<AsyncError>([&] { e.synchronize(); }), "aten::third"));
+  CHECK(contains(expect_throw<AsyncError>([&] { e.synchronize(); }), "aten::bad_op"));
+  Device::Errors taken = d.take_errors();
+  CHECK(taken.total == 3 && taken.kept.size() == 3 && taken.kept[0].task == "aten::bad_op");
+  const auto& side = taken.kept[1].stream == 3 ? taken.kept[1] : taken.kept[2];  // the streams run concurrently
+  CHECK(side.task == "aten::side" && side.stream == 3);
+  // The task's own exception travels with the error.
+  try {
+    std::rethrow_exception(taken.kept[0].cause);
+  } catch (const std::out_of_range&) {
+  }
+  s.synchronize();  // cleared
+  d.stream(3).synchronize();
+}
+
+TEST(waits_honour_deadlines_interrupts_and_cancellation) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  std::atomic<bool> release{false};
+  s.enqueue("hold", [&] { while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1)); });
+  int ran = 0;
+  for (int i = 0; i < 5; ++i) s.enqueue("queued", [&] { ++ran; });
+  CHECK(!s.wait_until(s.last_enqueued(), now_ns() + 20'000'000));
+  CHECK(!d.wait_idle(now_ns() + 1'000'000));
+  static std::atomic<int> checks{0};
+  set_wait_interrupt_check([] {
+    if (++checks == 2) throw std::runtime_error("interrupted");
+  });
+  expect_throw<std::runtime_error>([&] { s.wait_until(s.last_enqueued()); });
+  set_wait_interrupt_check(nullptr);
+  d.cancel_pending();  // the five queued tasks are skipped, the running one finishes
+  release = true;
+  CHECK(d.wait_idle(Stream::kNoDeadline));
+  CHECK(ran == 0 && s.query());
+  s.enqueue("after", [&] { ++ran; });  // later work runs
+  s.synchronize();
+  CHECK(ran == 1);
 }
 
 TEST(launch_blocking_runs_each_task_before_returning) {

@@ -1,0 +1,334 @@
+"""Each rule of torchneuron/lockin/rules.py on the smallest code that triggers it,
+its rewrite, and the name resolution behind it."""
+import textwrap
+
+import pytest
+
+from torchneuron.lockin import RULES, analyse_text
+from torchneuron.lockin.source import Source, read_notebook
+
+from lockin_testing import analyse, fix, found
+
+# rule id -> (code, the line its finding is on, whether --fix rewrites it, the rewritten code or None)
+CASES = {
+    "TNL001": ("import torch\nm = torch.nn.Linear(2, 2).cuda()\n", 2, True,
+               "import torch\nm = torch.nn.Linear(2, 2).to(torch.accelerator.current_accelerator())\n"),
+    "TNL002": ("import torch\nx = torch.ones(1)\nprint(x.is_cuda)\n", 3, True,
+               "import torch\nx = torch.ones(1)\nprint(x.device.type == torch.accelerator.current_accelerator().type)\n"),
+    "TNL003": ("import torch\nx = torch.ones(1, device='cuda:1')\n", 2, True,
+               "import torch\nx = torch.ones(1, device=f'{torch.accelerator.current_accelerator().type}:1')\n"),
+    "TNL004": ("import torch\ntorch.cuda.synchronize(device=0)\n", 2, True,
+               "import torch\ntorch.accelerator.synchronize(0)\n"),
+    "TNL005": ("from torch.cuda import Event\ne = Event(enable_timing=True)\n", 1, True,
+               "import torch\ne = torch.Event(enable_timing=True)\n"),
+    "TNL006": ("import torch\nwith torch.cuda.amp.autocast(True):\n    pass\n", 2, True,
+               "import torch\nwith torch.autocast(device_type=torch.accelerator.current_accelerator().type, "
+               "dtype=torch.float16, enabled=True):\n    pass\n"),
+    "TNL007": ("import torch\ntorch.backends.cudnn.benchmark = True\n", 2, False, None),
+    "TNL008": ("import torch\ntorch.backends.cuda.matmul.allow_tf32 = False  # exact\n", 2, True,
+               "import torch\ntorch.set_float32_matmul_precision(\"highest\")  # exact\n"),
+    "TNL009": ("import torch\ng = torch.cuda.CUDAGraph()\n", 2, False, None),
+    "TNL010": ("import torch.distributed as dist\ndist.init_process_group(backend='nccl', timeout=None)\n", 2, True,
+               "import torch.distributed as dist\ndist.init_process_group(timeout=None)\n"),
+    "TNL011": ("import os\nos.environ['NCCL_P2P_DISABLE'] = '1'\n", 2, False, None),
+    "TNL012": ("import os\nos.environ['CUDA_VISIBLE_DEVICES'] = '0,1'\n", 2, False, None),
+    "TNL013": ("import os\nos.environ['PYTORCH_CUDA_ALLOC_CONF'] = 'expandable_segments:True'\n", 2, False, None),
+    "TNL014": ("from torch.utils.data import DataLoader\nDataLoader([], pin_memory=True, pin_memory_device='cuda')\n",
+               2, True, "from torch.utils.data import DataLoader\nDataLoader([], pin_memory=True)\n"),
+    "TNL015": ("import torch\nm = load('x', device_map={'': 0})\n", 2, True,
+               "import torch\nm = load('x', device_map={'': torch.device(torch.accelerator.current_accelerator()"
+               ".type, 0)})\n"),
+    "TNL016": ("import torch\nf = torch.compile(lambda x: x, mode='max-autotune')\n", 2, True,
+               "import torch\nf = torch.compile(lambda x: x, mode='max-autotune-no-cudagraphs')\n"),
+    "TNL017": ("import torch.utils.cpp_extension\next = torch.utils.cpp_extension.CUDAExtension('k', ['k.cu'])\n", 2,
+               False, None),
+    "TNL018": ("import xformers.ops\n", 1, False, None),
+    "TNL019": ("m = load('x', attn_implementation='flash_attention_2')\n", 1, True,
+               "m = load('x', attn_implementation='sdpa')\n"),
+    "TNL020": ("import torch\nprint(torch.version.cuda)\n", 2, False, None),
+    "TNL021": ("import torch\nx = torch.ones(1).type(torch.cuda.FloatTensor)\n", 2, False, None),
+    "TNL022": ("import subprocess\nsubprocess.run(['nvidia-smi', '-L'])\n", 2, False, None),
+}
+
+
+def test_every_rule_has_a_case_and_says_what_it_ties():
+    assert sorted(CASES) == sorted(RULES)
+    for r in RULES.values():
+        assert r.ties and r.vendor and r.rewrite and r.guard, r.id
+
+
+@pytest.mark.parametrize("rule", sorted(CASES))
+def test_rule(rule):
+    code, line, fixable, rewritten = CASES[rule]
+    result = analyse_text(code)
+    mine = [f for f in result.findings if f.rule == rule]
+    assert [(f.line, f.fixable) for f in mine] == [(line, fixable)], result.findings
+    f = mine[0]
+    assert f.message and f.rewrite and f.guard and f.vendor == "NVIDIA"
+    if rewritten is not None:
+        assert fix(code) == rewritten
+        again = analyse_text(rewritten).findings
+        assert [x for x in again if x.fixable] == []
+
+
+def test_cuda_method_forms():
+    code = """
+    import torch
+    a = x.cuda(0)
+    b = x.cuda(device=rank, non_blocking=True)
+    c = x.cuda(*devices)
+    """
+    assert found(code) == [(3, "TNL001", True), (4, "TNL001", True), (5, "TNL001", False)]
+    out = fix(code)
+    assert "a = x.to(torch.device(torch.accelerator.current_accelerator().type, 0))" in out
+    assert "b = x.to(device=torch.device(torch.accelerator.current_accelerator().type, rank), non_blocking=True)" in out
+
+
+def test_device_strings_in_their_contexts():
+    code = """
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    on_gpu = x.device.type == "cuda"
+    name = f"cuda:{rank}"
+    base = "cuda:" + str(rank)
+    kind: Literal["cuda", "cpu"] = "cpu"
+    """
+    assert found(code) == [(3, "TNL003", True), (3, "TNL004", True), (4, "TNL003", True), (5, "TNL003", True),
+                           (6, "TNL003", True), (7, "TNL003", False)]
+    out = fix(code)
+    acc = "torch.accelerator.current_accelerator().type"
+    assert f'device = {acc} if torch.accelerator.is_available() else "cpu"' in out
+    assert f'on_gpu = x.device.type == {acc}' in out
+    assert 'name = f"{' + acc + '}:{rank}"' in out
+    assert 'base = f"{' + acc + '}:" + str(rank)' in out
+
+
+def test_amp_names_imported_and_called():
+    code = """
+    from torch.cuda.amp import autocast, GradScaler
+    scaler = GradScaler(2.0 ** 10)
+    with autocast(dtype=torch.bfloat16):
+        pass
+    """
+    out = fix(code)
+    assert "from torch.cuda" not in out and out.lstrip().startswith("import torch\n")
+    assert "scaler = torch.amp.GradScaler(torch.accelerator.current_accelerator().type, 2.0 ** 10)" in out
+    assert "with torch.autocast(device_type=torch.accelerator.current_accelerator().type, dtype=torch.bfloat16):" \
+        in out
+    assert analyse_text(out).findings == []
+
+
+def test_grad_scaler_without_a_device_defaults_to_cuda():
+    assert found("import torch\ns = torch.amp.GradScaler()\n") == [(2, "TNL006", True)]
+    assert found("import torch\ns = torch.amp.GradScaler('neuron')\n") == []
+
+
+def test_custom_fwd_decorators():
+    code = """
+    import torch
+    class F(torch.autograd.Function):
+        @staticmethod
+        @torch.cuda.amp.custom_fwd
+        def forward(ctx, x):
+            return x
+        @staticmethod
+        @torch.cuda.amp.custom_bwd
+        def backward(ctx, g):
+            return g
+    """
+    out = fix(code)
+    assert "@torch.amp.custom_fwd(device_type=torch.accelerator.current_accelerator().type)" in out
+    assert "@torch.amp.custom_bwd(device_type=torch.accelerator.current_accelerator().type)" in out
+
+
+def test_positional_only_targets():
+    # torch.accelerator's functions take their argument by position
+    assert fix("import torch\nn = torch.cuda.memory_allocated(device=1)\n") == \
+        "import torch\nn = torch.accelerator.memory_allocated(1)\n"
+    # torch.Event takes its options by keyword only: a positional one is left for a person
+    assert found("import torch\ne = torch.cuda.Event(True)\n") == [(2, "TNL004", False)]
+
+
+def test_cuda_only_names_point_to_their_neutral_tool():
+    result = analyse_text("import torch\ntorch.cuda.nvtx.range_push('step')\n")
+    (f,) = result.findings
+    assert (f.rule, f.fixable) == ("TNL004", False) and "record_function" in f.rewrite
+
+
+# -- name resolution ------------------------------------------------------------------------------
+
+def test_module_aliases():
+    code = """
+    import torch
+    import torch.cuda as tc
+    from torch import cuda
+    from torch.cuda import synchronize as sync
+    import torch as T
+
+    tc.synchronize()
+    cuda.manual_seed(0)
+    sync()
+    T.cuda.empty_cache()
+    c = torch.cuda
+    c.current_device()
+    """
+    assert [(line, rule) for line, rule, _ in found(code)] == [
+        (3, "TNL005"), (4, "TNL005"), (5, "TNL005"), (8, "TNL004"), (9, "TNL004"), (10, "TNL004"), (11, "TNL004"),
+        (12, "TNL004"), (13, "TNL004")]
+    out = fix(code)
+    # rewrites name torch by the module's first name for it
+    assert "torch.accelerator.synchronize()\ntorch.get_device_module().manual_seed(0)\n" \
+           "torch.accelerator.synchronize()\ntorch.accelerator.empty_cache()\n" in out
+    assert "import torch.cuda" not in out and "from torch" not in out
+
+
+def test_values_followed_within_a_function():
+    code = """
+    import torch
+    def f(x):
+        dev = "cuda"
+        return x.to(dev)
+    def g(model_id):
+        placement = {"": 0}
+        mode = "max-autotune"
+        m = load(model_id, device_map=placement)
+        return torch.compile(m, mode=mode)
+    """
+    assert found(code) == [(4, "TNL003", True), (7, "TNL015", True), (8, "TNL016", True)]
+    out = fix(code)
+    assert 'placement = {"": torch.device(torch.accelerator.current_accelerator().type, 0)}' in out
+    assert 'mode = "max-autotune-no-cudagraphs"' in out
+
+
+def test_shadowing_and_lookalikes_are_not_torch():
+    code = """
+    import torch
+    def f(torch):
+        torch.cuda.synchronize()
+    cuda = False
+    if args.cuda and cuda:
+        print("cuda is a word here", options.is_cuda_build)
+    def g():
+        import numba.cuda  # a CUDA-only package, counted as such
+    """
+    assert found(code) == [(9, "TNL018", False)]
+
+
+def test_class_scope_is_not_seen_from_methods():
+    code = """
+    import torch
+    class A:
+        torch = None
+        def f(self):
+            torch.cuda.synchronize()
+    """
+    assert found(code) == [(6, "TNL004", True)]
+
+
+# -- guards ---------------------------------------------------------------------------------------
+
+def test_capability_guards_are_not_counted():
+    code = """
+    import torch
+    if torch.backends.cudnn.is_available():
+        torch.backends.cudnn.benchmark = True
+    if torch.accelerator.current_accelerator().type == "cuda":
+        torch.cuda.nvtx.range_push("x")
+    try:
+        import flash_attn
+    except ImportError:
+        flash_attn = None
+    if is_apex_available():
+        import apex
+    """
+    result = analyse(code)
+    assert [(f.line, f.guarded) for f in result.findings] == [(4, True), (6, True), (8, True), (12, True)]
+    assert found(code) == []
+
+
+def test_a_cuda_test_guarding_cuda_only_code_is_left_to_a_person():
+    code = """
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.nvtx.range_push("x")
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(0)
+    """
+    assert found(code) == [(3, "TNL004", False), (4, "TNL004", False), (5, "TNL004", True), (6, "TNL004", True)]
+
+
+def test_process_group_backend_choices():
+    code = """
+    import torch.distributed as dist
+    dist.init_process_group("nccl")
+    dist.init_process_group(backend="nccl" if use_gpu else "gloo", world_size=2)
+    backend = "nccl"
+    """
+    assert found(code) == [(3, "TNL010", True), (4, "TNL010", True), (5, "TNL010", False)]
+    out = fix(code)
+    assert "dist.init_process_group()\ndist.init_process_group(world_size=2)\n" in out
+
+
+def test_compile_modes_only_under_inductor():
+    assert found("import torch\ntorch.compile(m, backend='neuron', mode='reduce-overhead')\n") == []
+    assert found("import torch\ntorch.compile(m, mode='reduce-overhead')\n") == [(2, "TNL016", False)]
+    assert found("import torch\ntorch.compile(m, backend='cudagraphs')\n") == [(2, "TNL016", False)]
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+def test_notebook_cells_and_lines(tmp_path):
+    import json
+    path = tmp_path / "n.ipynb"
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": ["# title"]},
+             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+              "source": ["import torch\n", "%time x = 1\n", "y = torch.ones(1).cuda()"]},
+             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+              "source": "%%bash\necho cuda"},
+             {"cell_type": "code", "metadata": {}, "outputs": [], "execution_count": None,
+              "source": "torch.cuda.synchronize()\n!nvidia-smi"}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    from torchneuron.lockin import analyse_file
+    result = analyse_file(str(path))
+    assert [(f.cell, f.line, f.rule) for f in result.findings] == [(2, 3, "TNL001"), (4, 1, "TNL004"),
+                                                                   (4, 2, "TNL022")]
+    assert result.skipped_cells == [3]
+
+
+def test_a_cell_that_does_not_parse_is_skipped(tmp_path):
+    import json
+    path = tmp_path / "n.ipynb"
+    cells = [{"cell_type": "code", "metadata": {}, "outputs": [], "source": "def broken(:\n    pass"},
+             {"cell_type": "code", "metadata": {}, "outputs": [], "source": "import torch\ntorch.cuda.init()"}]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    source = read_notebook(str(path))
+    from torchneuron.lockin import analyse_source
+    result = analyse_source(source)
+    assert [(f.cell, f.line) for f in result.findings] == [(2, 2)] and result.skipped_cells == [1]
+
+
+def test_a_syntax_error_is_reported_not_raised():
+    result = analyse_text("import torch\nx = torch.cuda.(\n")
+    assert result.error and "line 2" in result.error and result.findings == []
+
+
+def test_a_file_without_trigger_words_is_not_parsed():
+    result = analyse_text("import torch\nx = torch.ones(3)\n")
+    assert not result.parsed and result.findings == []
+
+
+def test_fix_keeps_formatting_and_comments():
+    code = textwrap.dedent("""
+    import torch   # the only import
+
+
+    def step(batch):  # one step
+        inputs = batch[ 'x' ].cuda( non_blocking = True )   # spacing kept
+        return inputs
+    """)
+    assert fix(code) == code.replace(".cuda( non_blocking = True )",
+                                     ".to( torch.accelerator.current_accelerator(), non_blocking = True )")
+
+
+def test_source_of_a_py_file_maps_lines_to_themselves():
+    assert Source("a.py", "x\n").location(7) == (None, 7)

@@ -1,0 +1,222 @@
+"""torch.distributed's `neuron` backend, differential: every collective on
+`neuron` tensors gives gloo's result on the same data as CPU tensors, bit for
+bit, in one process group ("cpu:gloo,neuron:neuron": CPU tensors go to gloo,
+neuron tensors to the neuron backend); collectives see the work queued before
+them; DDP on two ranks trains as one process on the global batch; bad
+arguments raise clear errors."""
+import io
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+WORLD = 2
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _collectives(rank, size):
+    """Each collective on CPU tensors (gloo) and on neuron tensors (the
+    neuron backend): (name, cpu results, neuron results)."""
+    dev = torch.device("neuron", 0)
+    g = torch.Generator().manual_seed(rank)
+    data = torch.randn(2 * size, 3, generator=g)
+    out = []
+
+    def both(name, fn):
+        cpu = fn("cpu")
+        nrn = fn(dev)
+        out.append((name, [t.cpu() for t in cpu], [t.cpu() for t in nrn]))
+
+    def all_reduce(op):
+        def fn(d):
+            t = data.to(d) * 1  # queued work before the collective, on neuron
+            dist.all_reduce(t, op=op)
+            return [t]
+        return fn
+
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+        both(f"all_reduce {op}", all_reduce(op))
+
+    def bitwise(d):
+        t = torch.tensor([rank + 1, 6, 12], dtype=torch.int64, device=d)
+        res = []
+        for op in (dist.ReduceOp.BAND, dist.ReduceOp.BOR, dist.ReduceOp.BXOR):
+            u = t.clone()
+            dist.all_reduce(u, op=op)
+            res.append(u)
+        return res
+    both("all_reduce bitwise", bitwise)
+
+    def broadcast(d):
+        t = data.to(d).clone()
+        dist.broadcast(t, src=1)
+        return [t]
+    both("broadcast", broadcast)
+
+    def reduce(d):
+        t = data.to(d).clone()
+        dist.reduce(t, dst=0)
+        return [t] if rank == 0 else []
+    both("reduce", reduce)
+
+    def all_gather(d):
+        outs = [torch.empty_like(data, device=d) for _ in range(size)]
+        dist.all_gather(outs, data.to(d))
+        return outs
+    both("all_gather", all_gather)
+
+    def all_gather_into_tensor(d):
+        o = torch.empty(size * data.shape[0], 3, device=d)
+        dist.all_gather_into_tensor(o, data.to(d))
+        return [o]
+    both("all_gather_into_tensor", all_gather_into_tensor)
+
+    def reduce_scatter_tensor(d):
+        o = torch.empty(data.shape[0] // size, 3, device=d)
+        dist.reduce_scatter_tensor(o, data.to(d))
+        return [o]
+    both("reduce_scatter_tensor", reduce_scatter_tensor)
+
+    def all_to_all_single_uneven(d):
+        splits_in = [1, 3] if rank == 0 else [2, 2]
+        splits_out = [1, 2] if rank == 0 else [3, 2]
+        o = torch.empty(sum(splits_out), 3, device=d)
+        dist.all_to_all_single(o, data[:4].to(d), splits_out, splits_in)
+        return [o]
+    both("all_to_all_single uneven", all_to_all_single_uneven)
+
+    def gather_scatter(d):
+        gathered = [torch.empty_like(data, device=d) for _ in range(size)] if rank == 0 else None
+        dist.gather(data.to(d), gathered, dst=0)
+        o = torch.empty_like(data, device=d)
+        dist.scatter(o, [data.to(d) * (i + 1) for i in range(size)] if rank == 0 else None, src=0)
+        return (gathered or []) + [o]
+    both("gather, scatter", gather_scatter)
+
+    def send_recv(d):
+        t = data.to(d).clone()
+        if rank == 0:
+            dist.send(t * 5, dst=1)
+            return []
+        dist.recv(t, src=0)
+        return [t]
+    both("send, recv", send_recv)
+
+    def async_op(d):
+        t = data.to(d) * 1
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        value = work.get_future().value()[0]
+        assert value.device == t.device
+        return [t, value]
+    both("all_reduce async_op", async_op)
+    return out
+
+
+def _worker(rank, size, port, queue):
+    import torchneuron  # noqa: F401
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=size)
+    try:
+        result = {"collectives": _collectives(rank, size), "backend": dist.get_backend_config()}
+        g = dist.new_group(backend="neuron")
+        with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
+            dist.all_reduce(torch.ones(2), group=g)  # a group of the neuron backend alone: PyTorch refuses
+        with pytest.raises(RuntimeError, match="a collective's tensors must be on one neuron device"):
+            dist.all_gather_into_tensor(torch.empty(2 * size, device="neuron:1"), torch.ones(2, device="neuron:0"))
+        result["ddp"] = _ddp_losses(rank, size)
+        dist.barrier()
+        buffer = io.BytesIO()  # bytes, not shared tensors: this process ends before they are read
+        torch.save(result, buffer)
+        queue.put((rank, buffer.getvalue()))
+    finally:
+        dist.destroy_process_group()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _batches(steps=4, global_batch=8):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(global_batch, 8, generator=g), torch.randn(global_batch, 4, generator=g)) for _ in range(steps)]
+
+
+def _ddp_losses(rank, size):
+    """DDP on neuron: each rank its share of every global batch; the mean
+    loss over ranks and the final parameters."""
+    dev = torch.device("neuron", 0)
+    model = torch.nn.parallel.DistributedDataParallel(_model().to(dev))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in _batches():
+        share = x.shape[0] // size
+        xs, ys = x[rank * share:(rank + 1) * share].to(dev), y[rank * share:(rank + 1) * share].to(dev)
+        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.AVG)
+        losses.append(total.item())
+    return losses, [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.fixture(scope="module")
+def results():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, WORLD, PORT, queue)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    got = {}
+    while len(got) < len(procs):  # a rank that dies fails the test at once, not at a timeout
+        try:
+            rank, r = queue.get(timeout=1)
+            got[rank] = torch.load(io.BytesIO(r))
+        except Exception:  # noqa: BLE001  (queue.Empty)
+            assert all(p.is_alive() or p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    return got
+
+
+PORT = _free_port()
+
+
+def test_every_collective_on_neuron_equals_gloo_on_the_cpu_bit_for_bit(results):
+    for rank, r in results.items():
+        assert "neuron:neuron" in r["backend"]
+        for name, cpu, nrn in r["collectives"]:
+            assert len(cpu) == len(nrn), (rank, name)
+            for a, b in zip(cpu, nrn):
+                assert a.dtype == b.dtype and a.shape == b.shape, (rank, name)
+                assert torch.equal(a, b), (rank, name)
+
+
+def test_ddp_on_two_ranks_trains_as_one_process_on_the_global_batch(results):
+    model = _model().to("neuron")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in _batches():
+        loss = torch.nn.functional.mse_loss(model(x.to("neuron")), y.to("neuron"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for rank, r in results.items():
+        got_losses, got_params = r["ddp"]
+        assert got_losses == pytest.approx(losses, rel=1e-6)
+        for a, b in zip(got_params, model.parameters()):
+            torch.testing.assert_close(a, b.detach().cpu(), rtol=1e-6, atol=1e-7)

@@ -1,0 +1,26 @@
+"""``torch.distributed``'s ``neuron`` backend.
+
+Registered at import: ``init_process_group()`` on a machine whose
+accelerator is ``neuron``, ``init_process_group("neuron")`` and
+``init_process_group("cpu:gloo,neuron:neuron")`` all give collectives on
+``neuron`` tensors. Underneath, each group owns a gloo backend that runs on
+host views of device memory (csrc/bridge/distributed/process_group.h), so a
+collective copies nothing.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from . import _C
+
+
+def _create_backend(options, _backend_options=None):
+    gloo = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
+    return _C._NeuronBackend(gloo, options.group_rank, options.group_size)
+
+
+def register() -> None:
+    if not dist.is_available() or "neuron" in dist.Backend.backend_list:
+        return
+    # devices is a list: a string would be taken character by character.
+    dist.Backend.register_backend("neuron", _create_backend, extended_api=True, devices=["neuron"])

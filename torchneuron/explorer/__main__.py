@@ -1,0 +1,20 @@
+"""python -m torchneuron.explorer TRACE [-o report.html]: the explorer's report of a trace."""
+import argparse
+import sys
+
+from . import report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torchneuron.explorer",
+                                description="Write a self-contained HTML report of a PyTorch profiler trace.")
+    p.add_argument("trace", help="chrome trace from torch.profiler (export_chrome_trace), .json or .json.gz")
+    p.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    p.add_argument("--title", help="title shown in the report (default: the trace's file name)")
+    args = p.parse_args(argv)
+    print(report(args.trace, args.output, title=args.title))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,320 @@
+"""``--fix`` and ``--diff``: rewrites every fixable finding with LibCST, which
+keeps everything else of the file (comments, blank lines, quotes, layout) as
+it was.
+
+Each finding's :class:`~torchneuron.lockin.detect.FixSpec` names a node by
+its kind and position; the transformer finds the node by the same position
+(LibCST's PositionProvider) and rewrites it. ``{torch}`` in a rewrite is the
+module's own name for torch; when the module has none (``import torch.cuda as
+tc`` only, or ``from torch import nn``), ``import torch`` is added after the
+docstring and the ``__future__`` imports.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from .detect import FileResult, FixSpec, analyse_source
+from .source import Source, cell_source, read, split_cells, write_notebook
+
+ACCELERATOR = "{torch}.accelerator.current_accelerator()"
+ACCELERATOR_TYPE = ACCELERATOR + ".type"
+#: torch.cuda.amp.autocast's positional parameters, which torch.autocast takes by keyword
+_AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
+
+
+@dataclass
+class FixResult:
+    path: str
+    original: str
+    fixed: str
+    applied: int = 0
+    not_applied: list[FixSpec] = field(default_factory=list)   # a node the rewriter did not find
+
+    @property
+    def changed(self) -> bool:
+        return self.original != self.fixed
+
+
+def _key(node_type: str, r) -> tuple:
+    return node_type, (r.start.line, r.start.column, r.end.line, r.end.column)
+
+
+def _quote(string: cst.SimpleString) -> tuple[str, str]:
+    """(prefix, quote) of a string literal."""
+    value = string.value
+    i = 0
+    while value[i] not in "'\"":
+        i += 1
+    quote = value[i:i + 3] if value[i:i + 3] in ('"""', "'''") else value[i]
+    return value[:i], quote
+
+
+class _Rewriter(cst.CSTTransformer):
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, specs: list[FixSpec], torch_name: str):
+        super().__init__()
+        self.specs = {(s.node_type, s.span): s for s in specs}
+        self.torch = torch_name
+        self.applied: set[int] = set()
+        self.names_torch = False   # whether a rewrite refers to torch
+
+    def code(self, template: str) -> cst.BaseExpression:
+        self.names_torch = self.names_torch or "{torch}" in template
+        return cst.parse_expression(template.format(torch=self.torch))
+
+    def spec_of(self, node: cst.CSTNode) -> FixSpec | None:
+        if not self.specs:
+            return None
+        r = self.get_metadata(PositionProvider, node, None)
+        if r is None:
+            return None
+        return self.specs.get(_key(type(node).__name__, r))
+
+    def done(self, spec: FixSpec) -> None:
+        self.applied.add(id(spec))
+
+    def on_leave(self, original, updated):
+        spec = self.spec_of(original)
+        if spec is not None and spec.kind != "drop_arg":
+            new = getattr(self, "fix_" + spec.kind)(updated, spec)
+            self.done(spec)
+            updated = new
+        if isinstance(original, cst.Call) and isinstance(updated, cst.Call):
+            updated = self.drop_args(original, updated)
+        return updated
+
+    # -- the rewrites, one per FixSpec kind ----------------------------------------------------
+
+    def fix_replace(self, node, spec):
+        return self.code(spec.params["code"]).with_changes(lpar=node.lpar, rpar=node.rpar)
+
+    def fix_call_replace(self, node: cst.Call, spec):
+        args = list(node.args)
+        if spec.params.get("positional"):   # torch.accelerator's functions take no keywords
+            args = [a.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for a in args]
+        return node.with_changes(func=self.code(spec.params["code"]), args=args)
+
+    def fix_device_string(self, node: cst.SimpleString, spec):
+        value = node.evaluated_value
+        if value == "cuda":
+            return self.code(ACCELERATOR_TYPE).with_changes(lpar=node.lpar, rpar=node.rpar)
+        prefix, quote = _quote(node)
+        rest = value[len("cuda"):].replace("{", "{{").replace("}", "}}")
+        self.names_torch = True
+        text = f"f{quote}{{{ACCELERATOR_TYPE.format(torch=self.torch)}}}{rest}{quote}"
+        return cst.parse_expression(text).with_changes(lpar=node.lpar, rpar=node.rpar)
+
+    def fix_device_fstring(self, node: cst.FormattedString, spec):
+        first = node.parts[0]
+        rest = first.value[len("cuda"):]
+        head = [cst.FormattedStringExpression(expression=self.code(ACCELERATOR_TYPE))]
+        if rest:
+            head.append(cst.FormattedStringText(rest))
+        return node.with_changes(parts=[*head, *node.parts[1:]])
+
+    def fix_is_cuda(self, node: cst.Attribute, spec):
+        left = cst.Attribute(value=cst.Attribute(value=node.value, attr=cst.Name("device")), attr=cst.Name("type"))
+        comparison = cst.Comparison(left=left, comparisons=[cst.ComparisonTarget(
+            operator=cst.Equal(), comparator=self.code(ACCELERATOR_TYPE))])
+        if spec.params.get("paren"):
+            comparison = comparison.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        return comparison.with_changes(lpar=[*comparison.lpar, *node.lpar], rpar=[*node.rpar, *comparison.rpar])
+
+    def fix_cuda_method(self, node: cst.Call, spec):
+        func = node.func.with_changes(attr=cst.Name("to"))
+        args = list(node.args)
+        device_at = next((i for i, a in enumerate(args) if a.keyword is None or a.keyword.value == "device"), None)
+        if device_at is None:
+            comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if args else cst.MaybeSentinel.DEFAULT
+            args.insert(0, cst.Arg(self.code(ACCELERATOR), comma=comma))
+        else:
+            a = args[device_at]
+            index = a.value
+            device = cst.Call(func=self.code("{torch}.device"), args=[
+                cst.Arg(self.code(ACCELERATOR_TYPE), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
+                cst.Arg(index)])
+            args[device_at] = a.with_changes(value=device)
+        return node.with_changes(func=func, args=args)
+
+    def fix_amp_autocast(self, node: cst.Call, spec):
+        converted = []
+        for i, a in enumerate(node.args):
+            if a.keyword is None and a.star == "" and i < len(_AUTOCAST_POSITIONAL):
+                a = a.with_changes(keyword=cst.Name(_AUTOCAST_POSITIONAL[i]), equal=_equal())
+            converted.append(a)
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+        head = [cst.Arg(self.code(ACCELERATOR_TYPE), keyword=cst.Name("device_type"), equal=_equal(),
+                        comma=comma)]
+        if not any(a.keyword is not None and a.keyword.value == "dtype" for a in converted):
+            # torch.cuda.amp.autocast's default; torch.autocast's would be the device's own
+            head.append(cst.Arg(self.code("{torch}.float16"), keyword=cst.Name("dtype"), equal=_equal(),
+                                comma=comma))
+        if not converted:
+            head[-1] = head[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return node.with_changes(func=self.code("{torch}.autocast"), args=[*head, *converted])
+
+    def fix_amp_grad_scaler(self, node: cst.Call, spec):
+        return self.fix_grad_scaler_device(node.with_changes(func=self.code("{torch}.amp.GradScaler")), spec)
+
+    def fix_grad_scaler_device(self, node: cst.Call, spec):
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if node.args else cst.MaybeSentinel.DEFAULT
+        return node.with_changes(args=[cst.Arg(self.code(ACCELERATOR_TYPE), comma=comma), *node.args])
+
+    def fix_amp_custom_decorator(self, node, spec):
+        func = self.code("{torch}.amp." + spec.params["member"])
+        device_type = cst.Arg(self.code(ACCELERATOR_TYPE), keyword=cst.Name("device_type"), equal=_equal())
+        if isinstance(node, cst.Call):
+            args = list(node.args)
+            if args:
+                args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+            return node.with_changes(func=func, args=[*args, device_type])
+        return cst.Call(func=func, args=[device_type])
+
+    def fix_int_device(self, node: cst.Integer, spec):
+        return self.code("{torch}.device(" + ACCELERATOR_TYPE + ", " + node.value + ")")
+
+    def fix_string_value(self, node: cst.SimpleString, spec):
+        prefix, quote = _quote(node)
+        return node.with_changes(value=f"{prefix}{quote}{spec.params['value']}{quote}")
+
+    def fix_matmul_precision(self, node: cst.Assign, spec):
+        return cst.Expr(self.code('{torch}.set_float32_matmul_precision("' + spec.params["precision"] + '")'))
+
+    def fix_import_remove(self, node, spec):
+        drop = set(spec.params["names"])
+        if isinstance(node, cst.Import):
+            aliases, has_torch = [], any(_dotted(a.name) == "torch" and a.asname is None for a in node.names)
+            for a in node.names:
+                name = _dotted(a.name)
+                if name in spec.params["modules"]:
+                    if a.asname is not None or has_torch:
+                        continue
+                    a, has_torch = a.with_changes(name=cst.Name("torch")), True
+                aliases.append(a)
+        else:
+            aliases = [a for a in node.names if _local(a) not in drop]
+        if not aliases:
+            return cst.RemoveFromParent()
+        aliases[-1] = aliases[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return node.with_changes(names=aliases)
+
+    def drop_args(self, original: cst.Call, updated: cst.Call) -> cst.Call:
+        dropped = set()
+        for i, a in enumerate(original.args):
+            for n in (a, a.value):
+                spec = self.spec_of(n)
+                if spec is not None and spec.kind == "drop_arg":
+                    dropped.add(i)
+                    self.done(spec)
+        if not dropped:
+            return updated
+        args = [a for i, a in enumerate(updated.args) if i not in dropped]
+        if args and original.args[-1].comma is cst.MaybeSentinel.DEFAULT:
+            args[-1] = args[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        return updated.with_changes(args=args)
+
+
+def _equal() -> cst.AssignEqual:
+    return cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
+
+
+def _dotted(node: cst.BaseExpression) -> str:
+    if isinstance(node, cst.Name):
+        return node.value
+    return _dotted(node.value) + "." + node.attr.value
+
+
+def _local(alias: cst.ImportAlias) -> str:
+    if alias.asname is not None:
+        return alias.asname.name.value
+    return _dotted(alias.name).split(".")[0]
+
+
+def _with_torch_import(module: cst.Module) -> cst.Module:
+    """``import torch`` after the docstring and ``__future__`` imports."""
+    body = list(module.body)
+    at = 0
+    while at < len(body):
+        stmt = body[at]
+        first = stmt.body[0] if isinstance(stmt, cst.SimpleStatementLine) and stmt.body else None
+        is_docstring = at == 0 and isinstance(first, cst.Expr) and isinstance(first.value, cst.SimpleString)
+        is_future = isinstance(first, cst.ImportFrom) and isinstance(first.module, cst.Name) and \
+            first.module.value == "__future__"
+        if not (is_docstring or is_future):
+            break
+        at += 1
+    body.insert(at, cst.parse_statement("import torch\n"))
+    return module.with_changes(body=body)
+
+
+def fix_text(text: str, result: FileResult, path: str = "<text>") -> FixResult:
+    """``text`` with every fixable finding of ``result`` rewritten."""
+    specs = [f.fix for f in result.findings if f.fixable and f.fix is not None]
+    if not specs:
+        return FixResult(path, text, text)
+    torch_name = result.torch_name or "torch"
+    wrapper = MetadataWrapper(cst.parse_module(text))
+    rewriter = _Rewriter(specs, torch_name)
+    module = wrapper.visit(rewriter)
+    if result.torch_name is None and rewriter.names_torch:
+        module = _with_torch_import(module)
+    not_applied = [s for s in specs if id(s) not in rewriter.applied]
+    return FixResult(path, text, module.code, len(specs) - len(not_applied), not_applied)
+
+
+def fix_source(source: Source, result: FileResult) -> FixResult:
+    return fix_text(source.text, result, source.path)
+
+
+def notebook_with_cells(source: Source, fixed_text: str) -> dict:
+    """The notebook's JSON with its code cells' sources taken from ``fixed_text``
+    (a list of lines where the notebook had one)."""
+    import copy
+
+    cells = split_cells(source, fixed_text)
+    notebook = copy.deepcopy(source.notebook)
+    added = cells.pop(0, "")
+    first_code = True
+    for index, cell in enumerate(notebook["cells"], start=1):
+        if cell.get("cell_type") != "code" or index in source.skipped_cells:
+            continue
+        text = cells.get(index, cell_source(cell))
+        if first_code and added.strip():
+            text = added + "\n" + text
+        first_code = False
+        cell["source"] = text.splitlines(keepends=True) if isinstance(cell.get("source"), list) else text
+    return notebook
+
+
+def fix_path(path: str, write: bool) -> tuple[FixResult, FileResult]:
+    """Rewrites one file (``write``: in place); returns the rewrite and the analysis it came from."""
+    source = read(path)
+    original_text = _file_text(path)
+    result = analyse_source(source)
+    fixed = fix_source(source, result)
+    if source.is_notebook:
+        new_text = write_notebook(notebook_with_cells(source, fixed.fixed)) if fixed.changed else original_text
+    else:
+        new_text = fixed.fixed
+    out = FixResult(path, original_text, new_text, fixed.applied, fixed.not_applied)
+    if write and out.changed:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(new_text)
+    return out, result
+
+
+def _file_text(path: str) -> str:
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        return f.read()
+
+
+def unified_diff(fix: FixResult) -> str:
+    name = os.path.relpath(fix.path) if os.path.isabs(fix.path) else fix.path
+    return "".join(difflib.unified_diff(fix.original.splitlines(keepends=True), fix.fixed.splitlines(keepends=True),
+                                        fromfile=f"a/{name}", tofile=f"b/{name}"))
