@@ -54,3 +54,12 @@ class DeviceTanhOnCpu:
 
     def __exit__(self, *exc):
         return self._mode.__exit__(*exc)
+
+
+def line_of(path, marker):
+    """1-based line number of the line containing ``marker`` in ``path``."""
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "line_of(" not in line:
+                return i
+    raise AssertionError(f"marker {marker!r} not found")

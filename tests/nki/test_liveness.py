@@ -9,7 +9,7 @@ import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 
-from conftest import line_of
+from neuron_testing import line_of
 
 HERE = os.path.abspath(__file__)
 X = np.zeros((128, 8192), np.float32)

@@ -13,7 +13,7 @@ import torchneuron.nki.language as nl
 from torchneuron.nki import perf
 
 import matmul_steps
-from conftest import line_of
+from neuron_testing import line_of
 
 HERE = os.path.abspath(__file__)
 BF16 = ml_dtypes.bfloat16
