@@ -63,3 +63,49 @@ def line_of(path, marker):
             if marker in line and "line_of(" not in line:
                 return i
     raise AssertionError(f"marker {marker!r} not found")
+
+
+def queue_busy_work(device: str = "neuron", repeats: int = 2) -> None:
+    """Queues slow work (matrix products), so that what follows waits in the
+    queue and can fuse (docs/adaptive_eager.md)."""
+    import torch
+
+    a = torch.ones(384, 384, device=device)
+    for _ in range(repeats):
+        a = a @ a / 384
+
+
+class FusableFrom:
+    """Within this context, element-wise work of `numel` elements and more
+    fuses. By default only tensors of 1M elements and more do (smaller ones
+    stay in cache anyway); the logic is the same from 32K elements, which
+    keeps fuzzed programs fast."""
+
+    def __init__(self, numel: int = 1 << 15):
+        self.numel = numel
+
+    def __enter__(self):
+        import torchneuron
+
+        self._default = torchneuron._C._min_fusable_numel()
+        torchneuron._C._set_min_fusable_numel(self.numel)
+        return self
+
+    def __exit__(self, *exc):
+        import torchneuron
+
+        torchneuron._C._set_min_fusable_numel(self._default)
+
+
+def raw_bits(t):
+    """`t` on the host as integers of its elements' bits (NaN payloads and
+    signed zeros count; conjugate and negative views resolved), for equality
+    bit for bit."""
+    import torch
+
+    t = t.detach().cpu().resolve_conj().resolve_neg()
+    if t.is_complex():
+        t = torch.view_as_real(t)
+    if t.is_floating_point():
+        t = t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t

@@ -14,19 +14,15 @@ import pytest
 import torch
 
 import torchneuron
+from neuron_testing import FusableFrom, queue_busy_work, raw_bits
 
 N = 256  # programs work on N x N tensors, made large enough to fuse below
 
 
 @pytest.fixture(autouse=True, scope="module")
 def small_tensors_fuse():
-    """By default only tensors of 1M elements and more fuse (smaller ones stay
-    in cache anyway); the logic is the same from 32K elements, which keeps
-    thousands of programs fast."""
-    default = torchneuron._C._min_fusable_numel()
-    torchneuron._C._set_min_fusable_numel(1 << 15)
-    yield
-    torchneuron._C._set_min_fusable_numel(default)
+    with FusableFrom(1 << 15):
+        yield
 
 
 @pytest.fixture
@@ -35,11 +31,7 @@ def fusion():
     torchneuron._C._set_adaptive_eager(True)
 
 
-def _busy(device="neuron", repeats=2):
-    """Queues slow work first, so what follows waits in the queue and can fuse."""
-    a = torch.ones(384, 384, device=device)
-    for _ in range(repeats):
-        a = a @ a / 384
+_busy = queue_busy_work
 
 
 class _DeviceTanh(torch.autograd.Function):
@@ -164,11 +156,8 @@ def _fused_and_unfused(fusion, program):
 
 def _bits_equal(a, b):
     """Equal bit for bit, NaN payloads and signed zeros included."""
-    a, b = a.cpu(), b.cpu()
     assert a.dtype == b.dtype and a.shape == b.shape
-    if a.is_floating_point():
-        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-        a, b = a.contiguous().view(bits), b.contiguous().view(bits)
+    a, b = raw_bits(a), raw_bits(b)
     assert torch.equal(a, b), f"{(a != b).sum()} of {a.numel()} elements differ"
 
 

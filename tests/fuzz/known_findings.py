@@ -1,0 +1,282 @@
+"""Reported findings the random generator keeps out of its programs.
+
+Each entry names a mismatch the fuzzer found on the current main and the
+strict xfail regression test that reproduces it (test_regressions.py), and
+says how the fuzzer keeps clear of it, in one of three ways:
+
+* `matches`: a predicate over a candidate statement and the CPU values of the
+  shadow run; a statement it matches is not drawn;
+* `cpu_error`: a pattern over the message of the error the CPU raises for a
+  candidate statement; such a statement is not drawn (the finding is that
+  neuron raises that error later, or not at all);
+* `tolerates`: a predicate over a difference the comparison found (a class
+  and the CPU's and neuron's metadata); the difference is not a mismatch.
+
+Every use is counted per finding, and test_fuzz.py prints the counts, so
+nothing is hidden silently. When a fix lands, its regression test XPASSes
+(strict, so it fails): delete the test's xfail mark and the entry here
+together.
+"""
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Finding:
+    name: str
+    regression_test: str                 # in tests/fuzz/test_regressions.py
+    matches: Callable | None = None      # (statement, {name: CPU value}) -> bool
+    cpu_error: str | None = None         # pattern over the CPU's error message
+    tolerates: Callable | None = None    # (kind, cpu Entry, neuron Entry) -> bool
+    ops: tuple = ()                      # with cpu_error: only statements calling these (or of these kinds)
+    paths: tuple = ()                    # only programs of these paths (all when empty)
+
+
+def _tensors(statement, ns) -> list:
+    """The tensors a statement reads, as the shadow run holds them."""
+    return [ns[n] for n in statement.operands if isinstance(ns.get(n), torch.Tensor)]
+
+
+def _degenerate_strides(kind, c, d) -> bool:
+    """Strides that differ only where they mean nothing: a zero-size tensor (its storage offset
+    too), or dimensions of size 1."""
+    if kind not in ("strides", "storage offset") or c.shape != d.shape:
+        return False
+    if 0 in c.shape:
+        return True
+    if kind == "storage offset":
+        return False
+    return all(a == b for a, b, n in zip(c.stride, d.stride, c.shape) if n != 1)
+
+
+def _as_meta(t: torch.Tensor) -> torch.Tensor:
+    """`t` as the executor's meta pass sees it: a meta tensor of its sizes, strides and offset."""
+    base = torch.empty(t.untyped_storage().nbytes() // max(t.element_size(), 1) + 1, dtype=t.dtype, device="meta")
+    m = base.as_strided(t.shape, t.stride(), t.storage_offset())
+    return m.conj() if t.is_conj() else m
+
+
+def _flat(v) -> list:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    return [x for e in v for x in _flat(e)] if isinstance(v, (tuple, list)) else []
+
+
+def _meta_layout(statement, ns) -> bool:
+    """A result whose strides the meta kernel gives otherwise than the CPU kernel (statements that
+    bind new names; their operands not all row-major and of one shape)."""
+    m = re.match(r"(\w+(?:, \w+)*) = (.+)$", statement.code, re.S)
+    tensors = _tensors(statement, ns)
+    if not m or statement.kind in ("view", "read", "create") or "out=" in statement.code:
+        return False
+    if all(t.is_contiguous() for t in tensors) and len({t.shape for t in tensors}) <= 1:
+        return False
+    cpu = _flat(eval(m.group(2), dict(ns)))  # noqa: S307 - the shadow run's own statement
+    on_meta = dict(ns, dev="meta", **{n: _as_meta(ns[n]) for n in statement.operands
+                                      if isinstance(ns.get(n), torch.Tensor)})
+    meta = _flat(eval(m.group(2), on_meta))  # noqa: S307
+    return len(cpu) == len(meta) and any(
+        c.shape == d.shape and c.stride() != d.stride() and not _degenerate_strides(
+            "strides", _Meta(c), _Meta(d)) for c, d in zip(cpu, meta))
+
+
+class _Meta:
+    """What _degenerate_strides reads of a tensor."""
+
+    def __init__(self, t):
+        self.shape, self.stride = tuple(t.shape), tuple(t.stride())
+
+
+def _out_resized(statement, ns) -> bool:
+    """An out= argument with elements, of another shape than the result: resized by the call."""
+    m = re.search(r"out=(\w+)\)", statement.code)
+    if not m or m.group(1) not in ns or not isinstance(ns[m.group(1)], torch.Tensor):
+        return False
+    out = ns[m.group(1)]
+    call = statement.code.replace(f", out={m.group(1)}", "")
+    result = eval(call, dict(ns))  # noqa: S307 - the shadow run's own statement
+    return isinstance(result, torch.Tensor) and out.numel() > 0 and out.shape != result.shape
+
+
+def _out_is_an_operand(statement, ns) -> bool:
+    """An out= argument that the call also reads (itself or a view of its memory), and resizes."""
+    m = re.search(r"out=(\w+)\)", statement.code)
+    if not m or not isinstance(ns.get(m.group(1)), torch.Tensor):
+        return False
+    out = ns[m.group(1)]
+    reads = [ns[n] for n in statement.operands if n != m.group(1) and isinstance(ns.get(n), torch.Tensor)]
+    shares = any(t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() for t in reads)
+    return (shares or m.group(1) in statement.code.split("out=")[0]) and _out_resized(statement, ns)
+
+
+def _resize_to_own_shape(statement, ns) -> bool:
+    m = re.match(r"(\w+)\.resize_\((.*)\)$", statement.code)
+    if not m or not isinstance(ns.get(m.group(1)), torch.Tensor):
+        return False
+    t = ns[m.group(1)]
+    size = eval(m.group(2))  # noqa: S307 - a shape literal of the generator's
+    size = tuple(size) if isinstance(size, (tuple, list)) else (size,)
+    return tuple(t.shape) == size and not t.is_contiguous()
+
+
+def _copy_onto_the_same_data(statement, ns) -> bool:
+    """A copy (copy_ or x[...] = y) whose source is the same memory as its target, which overlaps
+    itself."""
+    m = re.match(r"(.+)\.copy_\((.+?)(, non_blocking=True)?\)$", statement.code) or re.match(
+        r"(.+\[.*\]) = (.+)$", statement.code)
+    if not m:
+        return False
+    dst, src = (eval(e, dict(ns)) for e in (m.group(1), m.group(2)))  # noqa: S307 - the shadow run's own
+    return (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and 0 in dst.stride()
+            and dst.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
+            and (dst.shape, dst.stride(), dst.storage_offset()) == (src.shape, src.stride(), src.storage_offset()))
+
+
+def _ldexp_of_integer_exponent(statement, ns) -> bool:
+    return "ldexp" in statement.code and any(not (t.is_floating_point() or t.is_complex()) for t in _tensors(statement, ns))
+
+
+def _lean_add_with_float_alpha(statement, ns) -> bool:
+    return re.search(r"alpha=[-\d.]*[.e]", statement.code) is not None and any(
+        t.dtype == torch.bool for t in _tensors(statement, ns))
+
+
+def _median_of_zero_strides(statement, ns) -> bool:
+    return (re.search(r"\.(median|nanmedian|kthvalue|mode)\(|torch\.(median|kthvalue|mode)\(", statement.code)
+            is not None and any(0 in t.stride() for t in _tensors(statement, ns)))
+
+
+def _pow_of_bool_by_bool(statement, ns) -> bool:
+    return (("**" in statement.code or "pow" in statement.code)
+            and re.search(r"\*\* (True|False)|pow\(\w+, (True|False)\)", statement.code) is not None
+            and any(t.dtype == torch.bool for t in _tensors(statement, ns)))
+
+
+def _compiled_argmin_of_8_bit(statement, ns) -> bool:
+    return (re.search(r"arg(min|max)|\.max\(|\.min\(|torch\.(max|min)\(|sort|topk|kthvalue|median",
+                                                 statement.code) is not None
+            and any(t.dtype in (torch.uint8, torch.int8) for t in _tensors(statement, ns)))
+
+
+FINDINGS: list[Finding] = [
+    # Checks that only the CPU kernel makes (its dtype dispatch, refusals of complex or bool
+    # inputs, a Scalar that overflows the dtype, index_put's value shape, mm's dtypes): the
+    # meta pass accepts the call, it is queued, and the error comes at the next
+    # synchronisation as a RuntimeError instead of at the call with the CPU's type.
+    Finding("kernel checks deferred", "test_kernel_checks_raise_at_the_call",
+            cpu_error=r"not implemented for|only support|does not support|not supported for|is not supported|"
+                      r"not yet implemented|not intended to support|without overflow|must have the same dtype|"
+                      r"to have the same dtype|shape mismatch: value tensor|Boolean inputs not supported|"
+                      r"Expected reduction dim|is no longer supported|Subtraction, the `-` operator|Expected dtype|"
+                      r"Expected a long tensor|negative integer powers|requires the source and destination dtypes"),
+    # An in-place operator whose result would have to broadcast `self` to a larger shape:
+    # the Python meta kernel resizes `self` instead of refusing, so neuron resizes the
+    # tensor (and computes) where the CPU raises.
+    Finding("in-place broadcast resizes self", "test_in_place_broadcast_of_self_raises",
+            cpu_error=r"output with shape \[.*\] doesn't match the broadcast shape"),
+    # An in-place or out= result type that `self` cannot hold: not checked by the meta pass.
+    Finding("in-place cast check deferred", "test_in_place_cast_check_at_the_call",
+            cpu_error=r"can't be cast to the desired output type"),
+    # A written tensor with internal overlap (expanded): not checked by the meta pass of
+    # most in-place operators (add_ is).
+    Finding("internal overlap check deferred", "test_internal_overlap_check_at_the_call",
+            cpu_error=r"more than one element of the written-to tensor refers to a single memory location"),
+    # Results whose layout the meta kernel gives otherwise than the CPU kernel; the executor
+    # takes the meta kernel's. copysign, xlogy, floor_divide, div(rounding_mode='floor') and add
+    # with alpha of operands in different layouts (their meta kernels are Python decompositions
+    # whose first operand is the CPU kernel's second), angle of a complex tensor (the CPU copies
+    # a complex result's real part into a row-major one), pow of a Scalar base (the CPU's
+    # structured meta makes it row-major), advanced indexing of a permuted tensor. The
+    # predicate runs the statement on meta tensors and compares.
+    Finding("meta kernels' layouts", "test_layouts_the_meta_kernel_gives_otherwise", matches=_meta_layout),
+    # An out= argument the call also reads, resized by it: neuron's task sees the resized
+    # argument where the CPU's kernel read it before resizing.
+    Finding("out= that is also an operand", "test_out_that_is_an_operand_and_resized", matches=_out_is_an_operand),
+    # A non-empty out= argument of another shape (resized, with PyTorch's warning) is made
+    # row-major; the CPU's structured kernels give it the layout of the inputs.
+    Finding("resized out= is row-major", "test_resized_out_takes_the_cpus_strides", matches=_out_resized),
+    # bool ** True and torch.pow(bool, False): the meta kernel says int64, the CPU bool.
+    Finding("pow of bool by a bool scalar", "test_pow_of_bool_by_a_bool_scalar", matches=_pow_of_bool_by_bool),
+    # resize_ to the shape a tensor has: the CPU keeps its strides, neuron makes it row-major.
+    Finding("resize_ to its own shape", "test_resize_to_its_own_shape_keeps_strides", matches=_resize_to_own_shape),
+    # Copies between tensors of the same memory on the device check overlap before the CPU's
+    # early return for the same data: a view of an expanded tensor copied onto itself raises.
+    Finding("copy_ onto the same view", "test_copy_onto_the_same_view_of_an_expanded_tensor",
+            matches=_copy_onto_the_same_data),
+    # ldexp of a floating tensor by an integer one: the CPU takes ATen's exact branch for
+    # devices with an ldexp kernel (std::ldexp), neuron the composite's other branch, self *
+    # pow(2, other), which overflows and underflows in pow (0 * 2**30000 is NaN, not 0).
+    Finding("ldexp takes the composite's other branch", "test_ldexp_of_an_integer_exponent",
+            matches=_ldexp_of_integer_exponent),
+    # The lean path's add of small bool tensors skips add's meta checks: a floating alpha
+    # is refused by the task, at the next synchronisation.
+    Finding("lean add skips the alpha check", "test_lean_add_checks_alpha_at_the_call",
+            matches=_lean_add_with_float_alpha),
+    # index_put_ (x[index] = value) with a value that is the written tensor or shares its
+    # memory: the CPU refuses any overlap of the two, the executor's check only partial overlap.
+    Finding("index_put_ of its own memory", "test_index_put_of_its_own_memory_raises_at_the_call",
+            cpu_error=r"some elements of the input tensor and the written-to tensor refer to a single memory",
+            ops=("index_put",)),
+    # A copy between shapes that do not broadcast: the device copy has no shape check, the
+    # error comes from the task at the next synchronisation (also matmul's copy into a
+    # non-contiguous out=, which the CPU refuses with this error).
+    Finding("copy_ shape check deferred", "test_copy_shape_check_at_the_call",
+            cpu_error=r"must match the size of tensor b|doesn't match the broadcast shape|expand",
+            ops=("copy_", "matmul.out")),
+    # Strides of zero-size results (and their storage offsets), and strides of dimensions of
+    # size 1, differ (meta kernels and the CPU's TensorIterator choose differently where the
+    # choice means nothing).
+    Finding("degenerate strides", "test_degenerate_strides", tolerates=_degenerate_strides),
+    # Upstream, not neuron: Inductor's vectorised argmin of uint8 returns a wrong index (on the
+    # CPU and on neuron alike, and not always the same one); the compiled path keeps
+    # index-returning reductions of 8-bit integers out.
+    Finding("Inductor argmin of 8-bit integers", "test_inductor_argmin_of_uint8", matches=_compiled_argmin_of_8_bit,
+            paths=("compiled",)),
+    # Upstream, not neuron: the CPU's median/kthvalue/mode over a tensor with zero strides
+    # (expanded) read memory they did not write, so the CPU's own result varies run to run.
+    Finding("CPU median of expanded input", "test_cpu_median_of_expanded_input_is_deterministic",
+            matches=_median_of_zero_strides),
+]
+
+used: Counter = Counter()  # finding name -> statements not drawn or differences tolerated
+
+
+def excluded(statement, ns, path: str) -> str | None:
+    """The name of the first finding whose predicate `statement` of a program on `path` matches, or None."""
+    for f in FINDINGS:
+        if f.matches is None or (f.paths and path not in f.paths):
+            continue
+        try:
+            if f.matches(statement, ns):
+                used[f.name] += 1
+                return f.name
+        except Exception:  # noqa: BLE001 - a predicate that cannot judge a statement does not exclude it
+            continue
+    return None
+
+
+def excluded_error(statement, error: BaseException, path: str) -> str | None:
+    """The name of the finding that covers the CPU raising `error` for `statement`, or None."""
+    message = str(error)
+    for f in FINDINGS:
+        if f.paths and path not in f.paths:
+            continue
+        if f.cpu_error and re.search(f.cpu_error, message) and (
+                not f.ops or statement.op in f.ops or statement.kind in f.ops):
+            used[f.name] += 1
+            return f.name
+    return None
+
+
+def tolerated(kind: str, cpu, dev) -> str | None:
+    for f in FINDINGS:
+        if f.tolerates and f.tolerates(kind, cpu, dev):
+            used[f.name] += 1
+            return f.name
+    return None

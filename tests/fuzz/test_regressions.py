@@ -1,0 +1,252 @@
+"""One test per finding of the fuzzer, each the smallest program that shows it.
+
+Findings open on the current main are strict xfails naming the finding
+(known_findings.py keeps them out of the random programs): when a fix lands,
+the test XPASSes and fails loudly; then remove its xfail mark and the
+finding's entry in known_findings.py together.
+"""
+import contextlib
+import warnings
+
+import pytest
+import torch
+
+try:
+    from ..neuron_testing import FusableFrom, queue_busy_work
+except ImportError:  # pytest puts tests/ itself on sys.path
+    from neuron_testing import FusableFrom, queue_busy_work
+
+DEV = "neuron"
+
+
+def outcome(fn, device):
+    """("call", exception type) if `fn(device)` raises at the call, ("sync", type) if the
+    synchronisation after it does, or ("ok", its result on the host)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            result = fn(device)
+        except Exception as e:  # noqa: BLE001 - compared
+            with contextlib.suppress(Exception):
+                torch.neuron.synchronize()
+            return "call", type(e)
+        try:
+            torch.neuron.synchronize()
+        except Exception as e:  # noqa: BLE001
+            return "sync", type(e)
+    return "ok", result.cpu() if isinstance(result, torch.Tensor) else result
+
+
+def same_outcome(fn):
+    cpu, dev = outcome(fn, "cpu"), outcome(fn, DEV)
+    assert cpu[0] == dev[0] and (cpu[0] != "ok" or _equal(cpu[1], dev[1])) and (cpu[0] == "ok" or cpu[1] is dev[1]), (
+        f"CPU {cpu}, neuron {dev}")
+
+
+def _equal(a, b):
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+    return a == b
+
+
+def i16(*shape, device):
+    return torch.ones(shape, dtype=torch.int16, device=device)
+
+
+KERNEL_CHECKS = {
+    "bitwise_and of float": lambda d: torch.bitwise_and(torch.ones(3, device=d), torch.ones(3, device=d)),
+    "floor_ of bool": lambda d: torch.ones(3, dtype=torch.bool, device=d).floor_(),
+    "std of int64": lambda d: torch.arange(4, device=d).std(),
+    "Scalar overflowing int16": lambda d: torch.addcmul(i16(3, device=d), i16(3, device=d), i16(3, device=d),
+                                                        value=float("nan")),
+    "index_put value shape": lambda d: torch.ones(3, device=d).__setitem__(torch.tensor([0], device=d),
+                                                                           torch.ones(0, device=d)),
+    "mm of float32 and float64": lambda d: torch.mm(torch.ones(2, 2, device=d),
+                                                    torch.ones(2, 2, dtype=torch.float64, device=d)),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'kernel checks deferred': checks only the CPU kernel makes "
+                   "(dtype dispatch, Scalar overflow, index_put's value shape, mm's dtypes) pass the meta pass, "
+                   "so the call is queued and raises a RuntimeError at the next synchronisation")
+@pytest.mark.parametrize("case", KERNEL_CHECKS)
+def test_kernel_checks_raise_at_the_call(case):
+    same_outcome(KERNEL_CHECKS[case])
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'kernel checks deferred', in a fused group: relu's bool check")
+def test_kernel_check_in_a_fused_group_raises_at_the_call():
+    def relu_of_bool(device):
+        x = torch.ones(1 << 16, dtype=torch.bool, device=device)
+        if device != "cpu":
+            queue_busy_work()
+        return torch.relu(x * True)
+    with FusableFrom():
+        same_outcome(relu_of_bool)
+
+
+IN_PLACE_BROADCAST = {
+    "remainder_": lambda d: i16(6, 2, device=d).remainder_(i16(2, 2, 6, 2, device=d)),
+    "atan2_": lambda d: torch.zeros((), device=d).atan2_(torch.ones(2, 1, device=d)),
+    "bitwise_or_": lambda d: i16(2, device=d).bitwise_or_(i16(3, 2, device=d)),
+    "hypot_": lambda d: torch.zeros(2, device=d).hypot_(torch.ones(3, 2, device=d)),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'in-place broadcast resizes self': the Python meta kernels of these "
+                   "in-place operators resize self to the broadcast shape instead of raising, and neuron computes")
+@pytest.mark.parametrize("op", IN_PLACE_BROADCAST)
+def test_in_place_broadcast_of_self_raises(op):
+    same_outcome(IN_PLACE_BROADCAST[op])
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'in-place cast check deferred': mul_'s meta pass does not check "
+                   "that self can hold the result type")
+def test_in_place_cast_check_at_the_call():
+    same_outcome(lambda d: torch.zeros(3, dtype=torch.int8, device=d).mul_(torch.ones(3, dtype=torch.float16, device=d)))
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'internal overlap check deferred': addcmul_'s meta pass does not "
+                   "check the written tensor for internal overlap")
+def test_internal_overlap_check_at_the_call():
+    def expanded_addcmul_(device):
+        x = torch.ones(2, 1, device=device).expand(2, 3)
+        return x.addcmul_(x, x)
+    same_outcome(expanded_addcmul_)
+
+
+META_LAYOUTS = {
+    "copysign": lambda a, b: torch.copysign(a, b), "xlogy": lambda a, b: torch.xlogy(a, b),
+    "floor_divide": lambda a, b: torch.floor_divide(a, b),
+    "div floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    "angle of complex": lambda a, b: torch.angle(a.to(torch.complex64)),
+    "pow of a Scalar base": lambda a, b: 3 ** a,
+    "add with alpha, broadcast": lambda a, b: torch.add(a[:, None, :].int(), b[:, 1:2].half(), alpha=-1),
+    "index of a permuted tensor": lambda a, b: a.reshape(3, 1, 5, 2)[..., :1].permute(3, 1, 0, 2)[:, [0, 0, 0]],
+}
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'meta kernels' layouts': the executor takes the meta kernel's "
+                   "strides, and these meta kernels (Python decompositions, Python meta functions) give other "
+                   "strides than the CPU kernels")
+@pytest.mark.parametrize("op", META_LAYOUTS)
+def test_layouts_the_meta_kernel_gives_otherwise(op):
+    a, b = torch.randn(6, 5).t(), torch.randn(5, 6)
+    want = META_LAYOUTS[op](a, b)
+    got = META_LAYOUTS[op](a.to(DEV), b.to(DEV))
+    assert got.stride() == want.stride()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'resized out= is row-major': a non-empty out= of another shape is "
+                   "resized row-major; the CPU's structured kernels give it the inputs' layout")
+def test_resized_out_takes_the_cpus_strides():
+    a = torch.randn(4, 2).t()
+    want, got = torch.empty(3), torch.empty(3, device=DEV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the deprecation warning of resizing a non-empty out=
+        torch.exp(a, out=want)
+        torch.exp(a.to(DEV), out=got)
+    assert got.stride() == want.stride()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'out= that is also an operand': launch adopts the resized out= "
+                   "metadata before it records the operands, so the task reads the operand with the new shape")
+def test_out_that_is_an_operand_and_resized():
+    def matmul_into_its_operand(device):
+        v = torch.arange(2.0, device=device)
+        x = torch.arange(8.0, device=device).view(2, 4)
+        torch.matmul(v, x, out=x)
+        return x
+    same_outcome(matmul_into_its_operand)
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'pow of bool by a bool scalar': the meta kernel of pow(bool, True) "
+                   "says int64, the CPU returns bool")
+def test_pow_of_bool_by_a_bool_scalar():
+    x = torch.tensor([True, False])
+    assert (x.to(DEV) ** True).dtype == (x ** True).dtype
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'resize_ to its own shape': the device's resize_ always sets "
+                   "row-major strides; the CPU's keeps them when the shape does not change")
+def test_resize_to_its_own_shape_keeps_strides():
+    x = torch.randn(3, 2).t()
+    assert x.to(DEV).resize_(2, 3).stride() == x.clone().resize_(2, 3).stride()
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'copy_ onto the same view': the device copy checks overlap before "
+                   "the CPU copy's early return for the same data, so a view of an expanded tensor copied onto "
+                   "itself raises")
+@pytest.mark.parametrize("form", ["x[1:].copy_(x[1:])", "x[1:] = x[:-1]"])
+def test_copy_onto_the_same_view_of_an_expanded_tensor(form):
+    def copy_onto_itself(device):
+        x = torch.ones(1, device=device).expand(4)
+        exec(form)
+        return x
+    same_outcome(copy_onto_itself)
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'ldexp takes the composite's other branch': ATen's ldexp computes "
+                   "std::ldexp for devices with an ldexp kernel, and self * pow(2, other) elsewhere; neuron takes "
+                   "the second, which overflows and underflows in pow")
+def test_ldexp_of_an_integer_exponent():
+    x, e = torch.tensor([0.0, 3e38, 1.0]), torch.tensor([30000, -200, 3])
+    assert torch.equal(torch.ldexp(x.to(DEV), e.to(DEV)).cpu(), torch.ldexp(x, e))
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'lean add skips the alpha check': the lean path's add of small "
+                   "bool tensors does not run add's meta checks, so a floating alpha raises at the next "
+                   "synchronisation")
+def test_lean_add_checks_alpha_at_the_call():
+    same_outcome(lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d),
+                                     torch.ones(3, dtype=torch.bool, device=d), alpha=-1.25))
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'index_put_ of its own memory': the CPU's index_put_ refuses a value "
+                   "that overlaps the written tensor at all; the executor runs only partial overlaps synchronously, "
+                   "so a full overlap is queued and raises at the next synchronisation")
+def test_index_put_of_its_own_memory_raises_at_the_call():
+    def put_itself(device):
+        x = torch.arange(3.0, device=device)
+        x[torch.tensor([2], device=device)] = x
+        return x
+    same_outcome(put_itself)
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'copy_ shape check deferred': a device copy between shapes that do "
+                   "not broadcast is queued, and raises at the next synchronisation")
+def test_copy_shape_check_at_the_call():
+    same_outcome(lambda d: torch.arange(5.0, device=d)[::2].copy_(torch.arange(5.0, device=d)[1::2]))
+
+
+DEGENERATE = {
+    "zero-size result": lambda d: torch.heaviside(torch.ones(1, dtype=torch.bool, device=d),
+                                                  torch.ones(5, 0, dtype=torch.bool, device=d).t()),
+    "size-1 dimension": lambda d: torch.arange(2, device=d)[::2].flip(0),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'degenerate strides': strides of zero-size results and of "
+                   "dimensions of size 1 differ from the CPU's")
+@pytest.mark.parametrize("case", DEGENERATE)
+def test_degenerate_strides(case):
+    assert DEGENERATE[case](DEV).stride() == DEGENERATE[case]("cpu").stride()
+
+
+@pytest.mark.xfail(strict=True, reason="upstream, not neuron: the CPU's median over a dimension of an expanded "
+                   "tensor reads memory it did not write (its result varies from run to run); the fuzzer keeps "
+                   "median, kthvalue and mode of zero-stride tensors out")
+def test_cpu_median_of_expanded_input_is_deterministic():
+    x = torch.arange(4.0).view(2, 2).expand(5, 2, 2).permute(2, 0, 1)
+    want = x.contiguous().median(1).values
+    for _ in range(3):
+        assert torch.equal(x.median(1).values, want)
+
+
+@pytest.mark.xfail(strict=True, reason="upstream, not neuron: Inductor's vectorised argmin of uint8 returns a wrong "
+                   "index, on the CPU as on neuron; the compiled path keeps index-returning reductions of 8-bit "
+                   "integers out")
+def test_inductor_argmin_of_uint8():
+    x = torch.randint(0, 256, (6, 6, 2), generator=torch.Generator().manual_seed(8), dtype=torch.uint8)
+    torch._dynamo.reset()
+    assert torch.compile(lambda t: t.argmin(), backend="inductor")(x) == x.argmin()
