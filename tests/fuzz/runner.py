@@ -479,8 +479,10 @@ def check_compiled(program: Program) -> list:
     """torch.compile(backend="neuron") of the program against the CPU's eager run."""
     ceager, cexc = _run_function(program, "cpu", compiled=False)
     dout, dexc = _run_function(program, DEVICE, compiled=True)
+    stats["statements"] += sum(st.kind != "input" for st in program.statements)
     if cexc or dexc:
         if cexc and dexc:
+            stats["programs raising on both"] += 1
             return []
         which = "neuron" if dexc else "cpu"
         e = dexc or cexc
@@ -491,6 +493,7 @@ def check_compiled(program: Program) -> list:
         if isinstance(c, torch.Tensor) and isinstance(d, torch.Tensor):
             if c.stride() != d.stride() and c.shape == d.shape:
                 found.append(Mismatch("strides", name, f"CPU eager {c.stride()}, compiled on neuron {d.stride()}"))
+        stats["results compared"] += 1
         diff = _close(_host(c), _host(d))
         if diff:
             found.append(Mismatch("values", name, diff))
@@ -504,5 +507,6 @@ def check_compiled(program: Program) -> list:
                 same = c.stride() == d.stride() if m.kind == "strides" else _close(_host(c), _host(d)) is None
                 if not same:
                     own.append(m)
+            stats["differences that are Inductor's own (the CPU's Inductor computes the same)"] += len(found) - len(own)
             found = own
     return found
