@@ -73,6 +73,8 @@ def _meta_layout(statement, ns) -> bool:
     bind new names; their operands not all row-major and of one shape)."""
     m = re.match(r"(\w+(?:, \w+)*) = (.+)$", statement.code, re.S)
     tensors = _tensors(statement, ns)
+    if "ldexp" in statement.code and any(not t.is_contiguous() for t in tensors):
+        return True  # its composite multiplies by pow(2, other), whose layout the meta kernel gives otherwise
     if not m or statement.kind in ("view", "read", "create") or "out=" in statement.code:
         return False
     if all(t.is_contiguous() for t in tensors) and len({t.shape for t in tensors}) <= 1:
@@ -143,8 +145,13 @@ def _ldexp_of_integer_exponent(statement, ns) -> bool:
 
 
 def _lean_add_with_float_alpha(statement, ns) -> bool:
-    return re.search(r"alpha=[-\d.]*[.e]", statement.code) is not None and any(
-        t.dtype == torch.bool for t in _tensors(statement, ns))
+    floating = "alpha=" in statement.code and re.search(r"alpha=-?\d+\)", statement.code) is None
+    return floating and any(t.dtype == torch.bool for t in _tensors(statement, ns))
+
+
+def _memory_format_of_size_1_dims(statement, ns) -> bool:
+    return re.search(r"memory_format|suggest_memory_format|\.contiguous\(", statement.code) is not None and any(
+        t.dim() in (4, 5) and 1 in t.shape for t in _tensors(statement, ns))
 
 
 def _median_of_zero_strides(statement, ns) -> bool:
@@ -164,6 +171,11 @@ def _compiled_argmin_of_8_bit(statement, ns) -> bool:
             and any(t.dtype in (torch.uint8, torch.int8) for t in _tensors(statement, ns)))
 
 
+def _shift_of_bool(statement, ns) -> bool:
+    return re.search(r"<<|>>|shift", statement.code) is not None and any(
+        t.dtype == torch.bool for t in _tensors(statement, ns))
+
+
 FINDINGS: list[Finding] = [
     # Checks that only the CPU kernel makes (its dtype dispatch, refusals of complex or bool
     # inputs, a Scalar that overflows the dtype, index_put's value shape, mm's dtypes): the
@@ -174,7 +186,8 @@ FINDINGS: list[Finding] = [
                       r"not yet implemented|not intended to support|without overflow|must have the same dtype|"
                       r"to have the same dtype|shape mismatch: value tensor|Boolean inputs not supported|"
                       r"Expected reduction dim|is no longer supported|Subtraction, the `-` operator|Expected dtype|"
-                      r"Expected a long tensor|negative integer powers|requires the source and destination dtypes"),
+                      r"Expected a long tensor|negative integer powers|requires the source and destination dtypes|"
+                      r"should be positive|Found dtype \w+ but expected"),
     # An in-place operator whose result would have to broadcast `self` to a larger shape:
     # the Python meta kernel resizes `self` instead of refusing, so neuron resizes the
     # tensor (and computes) where the CPU raises.
@@ -193,7 +206,9 @@ FINDINGS: list[Finding] = [
     # whose first operand is the CPU kernel's second), angle of a complex tensor (the CPU copies
     # a complex result's real part into a row-major one), pow of a Scalar base (the CPU's
     # structured meta makes it row-major), advanced indexing of a permuted tensor. The
-    # predicate runs the statement on meta tensors and compares.
+    # predicate runs the statement on meta tensors and compares. Inside a composite the other
+    # layout of an intermediate changes bits: ldexp multiplies by pow(2, other), and which NaN
+    # payload a product of two NaNs keeps follows the operands' layouts.
     Finding("meta kernels' layouts", "test_layouts_the_meta_kernel_gives_otherwise", matches=_meta_layout),
     # An out= argument the call also reads, resized by it: neuron's task sees the resized
     # argument where the CPU's kernel read it before resizing.
@@ -233,11 +248,19 @@ FINDINGS: list[Finding] = [
     # size 1, differ (meta kernels and the CPU's TensorIterator choose differently where the
     # choice means nothing).
     Finding("degenerate strides", "test_degenerate_strides", tolerates=_degenerate_strides),
+    # What the degenerate strides above change: whether a 4-d tensor with a dimension of size 1
+    # is channels_last-like (suggest_memory_format), so whether .to(memory_format=...) copies it
+    # or returns it, and the layout that clone() and *_like preserve.
+    Finding("degenerate strides decide memory formats", "test_degenerate_strides_decide_memory_formats",
+            matches=_memory_format_of_size_1_dims),
     # Upstream, not neuron: Inductor's vectorised argmin of uint8 returns a wrong index (on the
     # CPU and on neuron alike, and not always the same one); the compiled path keeps
     # index-returning reductions of 8-bit integers out.
     Finding("Inductor argmin of 8-bit integers", "test_inductor_argmin_of_uint8", matches=_compiled_argmin_of_8_bit,
             paths=("compiled",)),
+    # Upstream, not neuron: the meta kernel of the shifts refuses bool tensors, which eager
+    # shifts (as int64), so compiling a shift of a bool tensor fails on the CPU as on neuron.
+    Finding("compiled shift of bool", "test_compiled_shift_of_bool", matches=_shift_of_bool, paths=("compiled",)),
     # Upstream, not neuron: the CPU's median/kthvalue/mode over a tensor with zero strides
     # (expanded) read memory they did not write, so the CPU's own result varies run to run.
     Finding("CPU median of expanded input", "test_cpu_median_of_expanded_input_is_deterministic",

@@ -73,6 +73,18 @@ def _check_inputs(gm: torch.fx.GraphModule, example_inputs, allow_cpu: bool) -> 
             f"(its CPU parts then run on the host).")
 
 
+def _passed_to_dynamo() -> tuple:
+    """What a backend must let through to Dynamo, as Inductor's own backend does: Dynamo's requests
+    to restart the analysis of a frame (with a Python scalar made a tensor, for one) or to skip it,
+    its shortened tracebacks, and IndexError, which Dynamo gives to the user unchanged (a dimension
+    out of range raises IndexError with every backend)."""
+    from torch._dynamo import exc
+
+    return (exc.RestartAnalysis, exc.SkipFrame, exc.ShortenTraceback, IndexError)
+
+
+_PASSED_TO_DYNAMO = _passed_to_dynamo()
+
 _graph_ids = iter(range(1, 1 << 62))
 
 #: counters: "graphs" (graphs handed to the backend), "fallbacks" (graphs run eagerly)
@@ -101,6 +113,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
         if mode == "reduce-overhead":
             return _compile_for_replay(gm, example_inputs, config_patches)
         return compile_fx(gm, example_inputs, config_patches=config_patches)
+    except _PASSED_TO_DYNAMO:
+        raise
     except Exception as e:
         label = _graph_label(gm)
         if fallback:
