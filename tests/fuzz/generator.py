@@ -506,6 +506,7 @@ class _Generator:
         if nd >= 2:
             choices += [f"{a}.sum(({0}, {nd - 1}))", f"{a}.amax(({0}, {1}), keepdim={kd})"]
         tuples = [f"torch.max({a}, {d})", f"{a}.min({d}, keepdim={kd})", f"torch.sort({a}, {d})",
+                  f"torch.unique({a}, return_inverse=True)", f"{a}.unique(sorted=True, return_counts=True)",
                   f"{a}.sort({d}, descending=True, stable=True)", f"torch.aminmax({a})", f"{a}.cummax({d})",
                   f"torch.var_mean({a}, {d})", f"{a}.median({d})"]
         if nd and t.shape[d]:
@@ -606,7 +607,7 @@ class _Generator:
             expr = f"torch.take({a}, torch.tensor({vals}, device=dev))"
         elif c < 0.88:
             expr = r.choice([f"{a}[{a} > 0]", f"torch.masked_select({a}, {a} != 0)", f"{a}.nonzero()",
-                             f"torch.argwhere({a})", f"torch.unique({a})"])
+                             f"torch.argwhere({a})", f"torch.unique({a})", f"torch.unique_consecutive({a})"])
         elif c < 0.94:  # data-dependent: an index out of range (raised at the call on the CPU)
             if not self.profile.sync_each:
                 return None
@@ -681,11 +682,24 @@ class _Generator:
                 src = self.new_operand(tuple(shape), t.dtype)
             code = f"{a}.{f}({d}, torch.tensor({vals.tolist()}, device=dev), {src})"
             return self.stmt(code, "index_put", f, [a, src], [a])
-        if t.numel():
+        if c < 0.96 and t.numel():
             idx = r.sample(range(t.numel()), min(3, t.numel()))
             src = self.new_operand((len(idx),), t.dtype)
             code = f"{a}.put_(torch.tensor({idx}, device=dev), {src}, accumulate={r.choice(['True', 'False'])})"
             return self.stmt(code, "index_put", "put_", [a, src], [a])
+        if t.numel():
+            src = self.new_operand(tuple(t.shape), t.dtype)
+            mask = f"{a} > 0" if not t.is_complex() else f"{a}.real > 0"
+            if size and r.random() < 0.5:
+                idx = self.index_values(size, negative=False)
+                other[d] = len(idx)
+                src = self.new_operand(tuple(other), t.dtype)
+                f = r.choice(["'prod'", "'mean'", "'amax'", "'amin'"])
+                code = (f"{a}.index_reduce_({d}, {self.index_src(idx)}, {src}, {f}, "
+                        f"include_self={r.choice(['True', 'False'])})")
+                return self.stmt(code, "index_put", "index_reduce_", [a, src], [a])
+            code = f"{a}.masked_scatter_({mask}, {src})"
+            return self.stmt(code, "index_put", "masked_scatter_", [a, src], [a])
         return None
 
     def view(self):
@@ -767,10 +781,13 @@ class _Generator:
             code = f"{a}.{f}"
         else:  # metadata changes in place
             nd = t.dim()
+            other = self.pick(lambda u: u.dtype == t.dtype) or a
             f = r.choice(["t_()" if nd <= 2 else "transpose_(0, 1)", "unsqueeze_(0)", "squeeze_()",
                           f"resize_({shape_src(tuple(reversed(t.shape)))})", f"resize_({max(t.numel() - 1, 0)},)",
-                          f"as_strided_({shape_src(t.shape)}, {shape_src(t.stride())})"])
+                          f"as_strided_({shape_src(t.shape)}, {shape_src(t.stride())})", f"set_({other})",
+                          f"set_({other}.untyped_storage(), 0, ({self.t(other).untyped_storage().nbytes() // max(t.element_size(), 1)},))"])
             code = f"{a}.{f}"
+            return self.stmt(code, "in_place", _op_name(code), [a, other], [a])
         return self.stmt(code, "in_place", _op_name(code), [a], [a])
 
     def overlap(self):
@@ -878,7 +895,8 @@ class _Generator:
                          f"{a}.roll(1)", f"torch.tril({a})" if t.dim() >= 2 else f"{a}.abs()",
                          f"{a}.repeat_interleave(2)", f"torch.zeros_like({a})", f"torch.ones_like({a}, dtype={dt})",
                          f"torch.full_like({a}, {self.scalar(t.dtype)})", f"{a}.new_zeros(3)",
-                         f"{a}.to(dev, {dt})"])
+                         f"{a}.to(dev, {dt})", f"F.pad({a}, (1, 2))" if t.dim() else f"{a}.clone()",
+                         f"F.pad({a}, (0, 1, 1, 0), value={self.scalar(t.dtype)})" if t.dim() >= 2 else f"{a}.clone()"])
         return self.assign(expr, "copy", _op_name(expr), [a])
 
     def cat(self):

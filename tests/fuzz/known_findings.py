@@ -176,6 +176,10 @@ def _shift_of_bool(statement, ns) -> bool:
         t.dtype == torch.bool for t in _tensors(statement, ns))
 
 
+def _set_storage_without_strides(statement, ns) -> bool:
+    return re.search(r"\.set_\(\w+\.untyped_storage\(\), [^,]+, \([^)]*\)\)$", statement.code) is not None
+
+
 FINDINGS: list[Finding] = [
     # Checks that only the CPU kernel makes (its dtype dispatch, refusals of complex or bool
     # inputs, a Scalar that overflows the dtype, index_put's value shape, mm's dtypes): the
@@ -244,6 +248,10 @@ FINDINGS: list[Finding] = [
     Finding("copy_ shape check deferred", "test_copy_shape_check_at_the_call",
             cpu_error=r"must match the size of tensor b|doesn't match the broadcast shape|expand",
             ops=("copy_", "matmul.out")),
+    # set_(storage, offset, size) without strides: the CPU makes the tensor row-major, the
+    # device's set_ refuses the empty strides (and it accepts a negative offset, which the CPU
+    # refuses: the tensor then reads memory before its storage).
+    Finding("set_ of a storage", "test_set_of_a_storage_as_on_the_cpu", matches=_set_storage_without_strides),
     # Strides of zero-size results (and their storage offsets), and strides of dimensions of
     # size 1, differ (meta kernels and the CPU's TensorIterator choose differently where the
     # choice means nothing).

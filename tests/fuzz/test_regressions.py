@@ -236,6 +236,24 @@ def test_copy_shape_check_at_the_call():
     same_outcome(lambda d: torch.arange(5.0, device=d)[::2].copy_(torch.arange(5.0, device=d)[1::2]))
 
 
+SET_STORAGE = {
+    "without strides": lambda t, s: t.set_(s, 1, (2, 2)),
+    "at a negative offset": lambda t, s: t.set_(s, -1, (2,), (1,)),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'set_ of a storage': the device's set_(storage, offset, size) "
+                   "refuses empty strides, which the CPU takes as row-major, and accepts a negative storage offset, "
+                   "which the CPU refuses")
+@pytest.mark.parametrize("case", SET_STORAGE)
+def test_set_of_a_storage_as_on_the_cpu(case):
+    def set_storage(device):
+        t = torch.zeros(3, device=device)
+        SET_STORAGE[case](t, torch.arange(6.0, device=device).untyped_storage())
+        return t.clone()
+    same_outcome(set_storage)
+
+
 DEGENERATE = {
     "zero-size result": lambda d: torch.heaviside(torch.ones(1, dtype=torch.bool, device=d),
                                                   torch.ones(5, 0, dtype=torch.bool, device=d).t()),
