@@ -86,6 +86,9 @@ def _missing(monkeypatch, name):
         monkeypatch.delattr(ir, "is_cpu")
     elif name == "inductor-current-backend":
         monkeypatch.delattr(utils, "get_current_backend")
+    elif name == "inductor-argreduce-logical-index":
+        from torch._inductor import lowering
+        monkeypatch.delattr(lowering, "_make_reduction_inner")
     elif name == "inductor-wrapper-overrides":
         monkeypatch.delattr(PythonWrapperCodegen, "_generate_kernel_call_helper")
     elif name == "inductor-compiled-callable":

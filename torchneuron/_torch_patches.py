@@ -8,22 +8,24 @@ alone, so after a PyTorch upgrade a moved or changed target fails with a
 behaviour quietly. Written and checked against PyTorch 2.13.0
 (:data:`CHECKED_AGAINST`).
 
-==============================  =================================================
-patch                           target
-==============================  =================================================
-``inductor-is-cpu``             ``torch._inductor.scheduler.BaseSchedulerNode.is_cpu``
-                                and ``torch._inductor.ir.is_cpu``
-``inductor-current-backend``    ``torch._inductor.utils.get_current_backend`` and
-                                every ``torch._inductor`` module holding it
-``inductor-wrapper-overrides``  (checked only) the ``PythonWrapperCodegen`` methods,
-                                one of them private, that our wrapper overrides
-``inductor-compiled-callable``  ``CompiledFxGraph.current_callable`` of each graph
-                                compiled for ``mode="reduce-overhead"``
-``nki-kernel-dynamo-disable``   ``torchneuron.nki.Kernel.__call__`` (our own class),
-                                wrapped in ``torch.compiler.disable``
-``set-num-threads``             ``torch.set_num_threads``, which also tells the
-                                device the count
-==============================  =================================================
+======================================  =================================================
+patch                                   target
+======================================  =================================================
+``inductor-is-cpu``                     ``torch._inductor.scheduler.BaseSchedulerNode.is_cpu``
+                                        and ``torch._inductor.ir.is_cpu``
+``inductor-current-backend``            ``torch._inductor.utils.get_current_backend`` and
+                                        every ``torch._inductor`` module holding it
+``inductor-argreduce-logical-index``    ``torch._inductor.lowering._make_reduction_inner``, for
+                                        neuron inputs
+``inductor-wrapper-overrides``          (checked only) the ``PythonWrapperCodegen`` methods,
+                                        one of them private, that our wrapper overrides
+``inductor-compiled-callable``          ``CompiledFxGraph.current_callable`` of each graph
+                                        compiled for ``mode="reduce-overhead"``
+``nki-kernel-dynamo-disable``           ``torchneuron.nki.Kernel.__call__`` (our own class),
+                                        wrapped in ``torch.compiler.disable``
+``set-num-threads``                     ``torch.set_num_threads``, which also tells the
+                                        device the count
+======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
 extension points, next to the thing it registers.
@@ -252,6 +254,58 @@ _register(
         "(codegen.common, scheduler, kernel.mm_common) are rebound too; modules imported later take it "
         "from utils, already rebound.",
     check=_check_current_backend, apply=_apply_current_backend)
+
+
+# --------------------------------------------------------------------------- inductor-argreduce-logical-index
+
+def _check_argreduce_logical_index() -> None:
+    name = "inductor-argreduce-logical-index"
+    lowering = _module(name, "torch._inductor.lowering")
+    fn = _require(name, lowering, "_make_reduction_inner", "torch._inductor.lowering")
+    _require_params(name, fn, "torch._inductor.lowering._make_reduction_inner", ("x",))
+    _require(name, lowering, "is_triton", "torch._inductor.lowering")
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        _fail(name, "torch._inductor.lowering._make_reduction_inner no longer has Python source")
+    if ("supports_logical_index_argreduce = is_triton(x) or (" not in source
+            or 'ir.get_device_type(x) == "cpu" and config.cpu_backend == "cpp"' not in source):
+        _fail(name, "_make_reduction_inner no longer decides by is_triton(x) or the CPU's C++ backend whether "
+                    "argmax/argmin compute logical indices")
+    if source.count("is_triton(") != 1:
+        _fail(name, "_make_reduction_inner no longer asks is_triton exactly once (the patch answers that one)")
+
+
+def _apply_argreduce_logical_index() -> None:
+    from torch._inductor import ir, lowering
+
+    def make(original):
+        def _make_reduction_inner(x, *args, **kwargs):
+            if ir.get_device_type(x) != "neuron":
+                return original(x, *args, **kwargs)
+            # Within this call is_triton answers one question (the check makes sure): whether the
+            # backend computes logical indices. Lowering runs on one thread, the one compiling.
+            is_triton = lowering.is_triton
+            lowering.is_triton = lambda t: ir.get_device_type(t) == "neuron" or is_triton(t)
+            try:
+                return original(x, *args, **kwargs)
+            finally:
+                lowering.is_triton = is_triton
+        return _make_reduction_inner
+
+    _replace(lowering, "_make_reduction_inner", make)
+
+
+_register(
+    "inductor-argreduce-logical-index",
+    target="torch._inductor.lowering._make_reduction_inner, whose is_triton answers True for neuron "
+           "inputs during the call",
+    why="argmax and argmin over several dimensions (or all) of a non-contiguous tensor must index it "
+        "logically; Inductor computes those indices only for Triton and for the CPU's C++ backend, asking "
+        "'is_triton(x) or (the device type is cpu and the backend cpp)'. neuron's kernels are that C++ "
+        "backend's, so neuron inputs answer as CPU inputs do; otherwise the generated kernel returns the "
+        "index in memory order (argmin of a channels_last tensor: 49 where eager says 22).",
+    check=_check_argreduce_logical_index, apply=_apply_argreduce_logical_index)
 
 
 # --------------------------------------------------------------------------- inductor-wrapper-overrides

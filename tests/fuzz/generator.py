@@ -224,6 +224,10 @@ class _Generator:
                 self.program.statements.append(st)
             self._replay()  # it may have written part of something
             return keep
+        if any(isinstance(v, torch.Tensor) and v.numel() > 16 * self.profile.max_numel
+               for w in st.writes for v in _flat(self.ns.get(w))):
+            self._replay()  # a broadcast blew it up: gigabytes the CPU may hold and the device not
+            return False
         self.program.statements.append(st)
         return True
 
@@ -858,13 +862,14 @@ class _Generator:
                 return None
             layout = r.choice(["t", "strided", "contiguous"])
             shape, dt = list(ref.shape), dtype_src(ref.dtype)
+            # zeros, not empty: views of the out's storage may reach elements the call does not write
             if layout == "t" and len(shape) == 2:
-                make = f"torch.empty({shape_src(shape[::-1])}, dtype={dt}, device=dev).t()"
+                make = f"torch.zeros({shape_src(shape[::-1])}, dtype={dt}, device=dev).t()"
             elif layout == "strided" and shape:
                 big = [2 * s for s in shape[:1]] + shape[1:]
-                make = f"torch.empty({shape_src(big)}, dtype={dt}, device=dev)[::2]"
+                make = f"torch.zeros({shape_src(big)}, dtype={dt}, device=dev)[::2]"
             else:
-                make = f"torch.empty({shape_src(shape)}, dtype={dt}, device=dev)"
+                make = f"torch.zeros({shape_src(shape)}, dtype={dt}, device=dev)"
             code = f"{o} = " + call.format(o=make)
             return self.stmt(code, "out", f"{f}.out", [a, b], [o])
         o = self.pick()  # an existing tensor (resized with a warning, or itself an operand)
@@ -956,6 +961,12 @@ class _Generator:
             if st is not None and self._try(st):
                 kept += 1
         return self.program
+
+
+def _flat(v) -> list:
+    if isinstance(v, (tuple, list)):
+        return [x for e in v for x in _flat(e)]
+    return [v]
 
 
 def _broadcasts(a, b) -> bool:

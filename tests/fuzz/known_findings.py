@@ -20,6 +20,7 @@ together.
 from __future__ import annotations
 
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
@@ -95,15 +96,19 @@ class _Meta:
         self.shape, self.stride = tuple(t.shape), tuple(t.stride())
 
 
-def _out_resized(statement, ns) -> bool:
-    """An out= argument with elements, of another shape than the result: resized by the call."""
+def _out_reshaped(statement, ns, with_elements: bool) -> bool:
+    """An out= argument of another shape than the result (with elements, if asked): resized by the call."""
     m = re.search(r"out=(\w+)\)", statement.code)
     if not m or m.group(1) not in ns or not isinstance(ns[m.group(1)], torch.Tensor):
         return False
     out = ns[m.group(1)]
     call = statement.code.replace(f", out={m.group(1)}", "")
     result = eval(call, dict(ns))  # noqa: S307 - the shadow run's own statement
-    return isinstance(result, torch.Tensor) and out.numel() > 0 and out.shape != result.shape
+    return isinstance(result, torch.Tensor) and (out.numel() > 0 or not with_elements) and out.shape != result.shape
+
+
+def _out_resized(statement, ns) -> bool:
+    return _out_reshaped(statement, ns, with_elements=True)
 
 
 def _out_is_an_operand(statement, ns) -> bool:
@@ -114,7 +119,7 @@ def _out_is_an_operand(statement, ns) -> bool:
     out = ns[m.group(1)]
     reads = [ns[n] for n in statement.operands if n != m.group(1) and isinstance(ns.get(n), torch.Tensor)]
     shares = any(t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() for t in reads)
-    return (shares or m.group(1) in statement.code.split("out=")[0]) and _out_resized(statement, ns)
+    return (shares or m.group(1) in statement.code.split("out=")[0]) and _out_reshaped(statement, ns, False)
 
 
 def _resize_to_own_shape(statement, ns) -> bool:
@@ -135,6 +140,8 @@ def _copy_onto_the_same_data(statement, ns) -> bool:
     if not m:
         return False
     dst, src = (eval(e, dict(ns)) for e in (m.group(1), m.group(2)))  # noqa: S307 - the shadow run's own
+    if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and src.shape != dst.shape:
+        src = src.expand_as(dst)  # as setitem and copy_ broadcast it
     return (isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and 0 in dst.stride()
             and dst.untyped_storage().data_ptr() == src.untyped_storage().data_ptr()
             and (dst.shape, dst.stride(), dst.storage_offset()) == (src.shape, src.stride(), src.storage_offset()))
@@ -144,14 +151,19 @@ def _ldexp_of_integer_exponent(statement, ns) -> bool:
     return "ldexp" in statement.code and any(not (t.is_floating_point() or t.is_complex()) for t in _tensors(statement, ns))
 
 
-def _lean_add_with_float_alpha(statement, ns) -> bool:
+def _bool_with_float_alpha(statement, ns) -> bool:
     floating = "alpha=" in statement.code and re.search(r"alpha=-?\d+\)", statement.code) is None
     return floating and any(t.dtype == torch.bool for t in _tensors(statement, ns))
 
 
 def _memory_format_of_size_1_dims(statement, ns) -> bool:
-    return re.search(r"memory_format|suggest_memory_format|\.contiguous\(", statement.code) is not None and any(
-        t.dim() in (4, 5) and 1 in t.shape for t in _tensors(statement, ns))
+    """Statements that see the strides of dimensions of size 1 or of zero-size tensors: memory
+    format conversions of 4-d and 5-d tensors, and .stride() itself."""
+    tensors = _tensors(statement, ns)
+    if re.search(r"\.stride\(\)", statement.code):
+        return any(1 in t.shape or t.numel() == 0 for t in tensors)
+    return re.search(r"memory_format|\.contiguous\(|torch\.(cat|stack|hstack)\(", statement.code) is not None and any(
+        t.dim() in (4, 5) and 1 in t.shape for t in tensors)
 
 
 def _median_of_zero_strides(statement, ns) -> bool:
@@ -159,10 +171,23 @@ def _median_of_zero_strides(statement, ns) -> bool:
             is not None and any(0 in t.stride() for t in _tensors(statement, ns)))
 
 
-def _pow_of_bool_by_bool(statement, ns) -> bool:
-    return (("**" in statement.code or "pow" in statement.code)
-            and re.search(r"\*\* (True|False)|pow\(\w+, (True|False)\)", statement.code) is not None
-            and any(t.dtype == torch.bool for t in _tensors(statement, ns)))
+def _meta_dtype(statement, ns) -> bool:
+    """A result whose dtype the meta kernel gives otherwise than the CPU kernel (statements that bind
+    new names, with a Python scalar or a 0-dim operand: where type promotion has its special cases)."""
+    m = re.match(r"(\w+(?:, \w+)*) = (.+)$", statement.code, re.S)
+    tensors = _tensors(statement, ns)
+    scalar = re.search(r"(?<![\w.\[])(True|False|-?\d+(\.\d*)?(e-?\d+)?|\(1\+2j\)|float\('\w+'\))(?![\w\]])",
+                       m.group(2) if m else "")
+    if not m or statement.kind not in ("unary", "binary", "ternary", "in_place") or not (
+            scalar or any(t.dim() == 0 for t in tensors)):
+        return False
+    cpu = _flat(eval(m.group(2), dict(ns)))  # noqa: S307 - the shadow run's own statement
+    on_meta = dict(ns, dev="meta", **{n: _as_meta(ns[n]) for n in statement.operands
+                                      if isinstance(ns.get(n), torch.Tensor)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        meta = _flat(eval(m.group(2), on_meta))  # noqa: S307
+    return len(cpu) == len(meta) and any(c.dtype != d.dtype for c, d in zip(cpu, meta))
 
 
 def _compiled_argmin_of_8_bit(statement, ns) -> bool:
@@ -191,7 +216,7 @@ FINDINGS: list[Finding] = [
                       r"to have the same dtype|shape mismatch: value tensor|Boolean inputs not supported|"
                       r"Expected reduction dim|is no longer supported|Subtraction, the `-` operator|Expected dtype|"
                       r"Expected a long tensor|negative integer powers|requires the source and destination dtypes|"
-                      r"should be positive|Found dtype \w+ but expected"),
+                      r"should be positive|Found dtype \w+ but expected|does not match the shape of the indexed tensor"),
     # An in-place operator whose result would have to broadcast `self` to a larger shape:
     # the Python meta kernel resizes `self` instead of refusing, so neuron resizes the
     # tensor (and computes) where the CPU raises.
@@ -220,8 +245,12 @@ FINDINGS: list[Finding] = [
     # A non-empty out= argument of another shape (resized, with PyTorch's warning) is made
     # row-major; the CPU's structured kernels give it the layout of the inputs.
     Finding("resized out= is row-major", "test_resized_out_takes_the_cpus_strides", matches=_out_resized),
-    # bool ** True and torch.pow(bool, False): the meta kernel says int64, the CPU bool.
-    Finding("pow of bool by a bool scalar", "test_pow_of_bool_by_a_bool_scalar", matches=_pow_of_bool_by_bool),
+    # Results whose dtype the meta kernel gives otherwise than the CPU kernel; the executor takes
+    # the meta kernel's: bool ** True is int64 (the CPU's is bool); clamp of float16 by a complex
+    # Scalar allocates a ComplexHalf result, which the CPU's out= kernel then refuses at the
+    # next synchronisation (the CPU computes float16). The predicate runs the statement on meta
+    # tensors and compares.
+    Finding("meta kernels' dtypes", "test_dtypes_the_meta_kernel_gives_otherwise", matches=_meta_dtype),
     # resize_ to the shape a tensor has: the CPU keeps its strides, neuron makes it row-major.
     Finding("resize_ to its own shape", "test_resize_to_its_own_shape_keeps_strides", matches=_resize_to_own_shape),
     # Copies between tensors of the same memory on the device check overlap before the CPU's
@@ -233,10 +262,10 @@ FINDINGS: list[Finding] = [
     # pow(2, other), which overflows and underflows in pow (0 * 2**30000 is NaN, not 0).
     Finding("ldexp takes the composite's other branch", "test_ldexp_of_an_integer_exponent",
             matches=_ldexp_of_integer_exponent),
-    # The lean path's add of small bool tensors skips add's meta checks: a floating alpha
-    # is refused by the task, at the next synchronisation.
-    Finding("lean add skips the alpha check", "test_lean_add_checks_alpha_at_the_call",
-            matches=_lean_add_with_float_alpha),
+    # add and sub of bool tensors with a floating alpha: the C++ meta function's alpha check is
+    # not in the Python meta kernel, so the task refuses it, at the next synchronisation.
+    Finding("alpha check of bool deferred", "test_alpha_check_of_bool_at_the_call",
+            matches=_bool_with_float_alpha),
     # index_put_ (x[index] = value) with a value that is the written tensor or shares its
     # memory: the CPU refuses any overlap of the two, the executor's check only partial overlap.
     Finding("index_put_ of its own memory", "test_index_put_of_its_own_memory_raises_at_the_call",
@@ -258,7 +287,8 @@ FINDINGS: list[Finding] = [
     Finding("degenerate strides", "test_degenerate_strides", tolerates=_degenerate_strides),
     # What the degenerate strides above change: whether a 4-d tensor with a dimension of size 1
     # is channels_last-like (suggest_memory_format), so whether .to(memory_format=...) copies it
-    # or returns it, and the layout that clone() and *_like preserve.
+    # or returns it, the layout that clone() and *_like preserve and the layout of cat; and
+    # what .stride() returns.
     Finding("degenerate strides decide memory formats", "test_degenerate_strides_decide_memory_formats",
             matches=_memory_format_of_size_1_dims),
     # Upstream, not neuron: Inductor's vectorised argmin of uint8 returns a wrong index (on the

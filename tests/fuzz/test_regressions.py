@@ -177,11 +177,19 @@ def test_out_that_is_an_operand_and_resized():
     same_outcome(matmul_into_its_operand)
 
 
-@pytest.mark.xfail(strict=True, reason="finding 'pow of bool by a bool scalar': the meta kernel of pow(bool, True) "
-                   "says int64, the CPU returns bool")
-def test_pow_of_bool_by_a_bool_scalar():
-    x = torch.tensor([True, False])
-    assert (x.to(DEV) ** True).dtype == (x ** True).dtype
+META_DTYPES = {
+    "bool ** True": lambda d: torch.tensor([True, False], device=d) ** True,
+    "clamp of float16 by a complex Scalar": lambda d: torch.clamp(torch.tensor([670.0, 1.0], dtype=torch.float16,
+                                                                               device=d), 0j, 3),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="finding 'meta kernels' dtypes': the executor takes the meta kernel's "
+                   "dtype; bool ** True is int64 there (bool on the CPU), clamp of float16 by a complex Scalar "
+                   "ComplexHalf (float16 on the CPU, and the out= kernel then refuses the ComplexHalf result)")
+@pytest.mark.parametrize("case", META_DTYPES)
+def test_dtypes_the_meta_kernel_gives_otherwise(case):
+    same_outcome(META_DTYPES[case])
 
 
 @pytest.mark.xfail(strict=True, reason="finding 'resize_ to its own shape': the device's resize_ always sets "
@@ -211,12 +219,13 @@ def test_ldexp_of_an_integer_exponent():
     assert torch.equal(torch.ldexp(x.to(DEV), e.to(DEV)).cpu(), torch.ldexp(x, e))
 
 
-@pytest.mark.xfail(strict=True, reason="finding 'lean add skips the alpha check': the lean path's add of small "
-                   "bool tensors does not run add's meta checks, so a floating alpha raises at the next "
-                   "synchronisation")
-def test_lean_add_checks_alpha_at_the_call():
-    same_outcome(lambda d: torch.add(torch.ones(3, dtype=torch.bool, device=d),
-                                     torch.ones(3, dtype=torch.bool, device=d), alpha=-1.25))
+@pytest.mark.xfail(strict=True, reason="finding 'alpha check of bool deferred': the Python meta kernel of add does "
+                   "not refuse a floating alpha for bool tensors (the C++ meta function does), so the task raises "
+                   "at the next synchronisation")
+@pytest.mark.parametrize("shape", [(3,), (3, 5)], ids=["small", "transposed"])
+def test_alpha_check_of_bool_at_the_call(shape):
+    same_outcome(lambda d: torch.add(torch.ones(shape, dtype=torch.bool, device=d).t(),
+                                     torch.ones(shape, dtype=torch.bool, device=d).t(), alpha=-1.25))
 
 
 @pytest.mark.xfail(strict=True, reason="finding 'index_put_ of its own memory': the CPU's index_put_ refuses a value "
@@ -268,15 +277,21 @@ def test_degenerate_strides(case):
     assert DEGENERATE[case](DEV).stride() == DEGENERATE[case]("cpu").stride()
 
 
+DEGENERATE_CONSEQUENCES = {
+    ".to(channels_last) copies or returns": lambda d: (lambda y: y.to(memory_format=torch.channels_last) is y)(
+        torch.arange(48, device=d).view(3, 2, 2, 4).contiguous(memory_format=torch.channels_last)[:, ::2].exp2()),
+    "cat's layout": lambda d: (lambda v, x: torch.cat([v, x, x], -2).stride())(
+        torch.eq(torch.arange(12, dtype=torch.uint8, device=d).view(2, 3, 2, 1).permute(3, 2, 0, 1), 0),
+        torch.ones(1, 2, 2, 3, dtype=torch.bfloat16, device=d).contiguous(memory_format=torch.channels_last)),
+}
+
+
 @pytest.mark.xfail(strict=True, reason="finding 'degenerate strides decide memory formats': a size-1 dimension's "
                    "stride decides whether a 4-d result is channels_last-like, so .to(memory_format=...) copies it on "
-                   "the CPU and returns it on neuron")
-def test_degenerate_strides_decide_memory_formats():
-    def to_channels_last(device):
-        x = torch.arange(48, device=device).view(3, 2, 2, 4).contiguous(memory_format=torch.channels_last)
-        y = x[:, ::2].exp2()
-        return y.to(memory_format=torch.channels_last) is y
-    assert to_channels_last(DEV) == to_channels_last("cpu")
+                   "the CPU and returns it on neuron, and cat takes another layout")
+@pytest.mark.parametrize("case", DEGENERATE_CONSEQUENCES)
+def test_degenerate_strides_decide_memory_formats(case):
+    assert DEGENERATE_CONSEQUENCES[case](DEV) == DEGENERATE_CONSEQUENCES[case]("cpu")
 
 
 @pytest.mark.xfail(strict=True, reason="upstream, not neuron: the CPU's median over a dimension of an expanded "
@@ -317,3 +332,22 @@ def test_compiled_graph_with_a_python_scalar_restarts_as_with_inductor():
     got = torch.compile(lambda a, b: b + a, backend="neuron")(x.to(DEV), s)
     want = s + x
     assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("make", [lambda t: t.contiguous(memory_format=torch.channels_last), lambda t: t.mT],
+                         ids=["channels_last", "transposed"])
+@pytest.mark.parametrize("op", ["argmin", "argmax"])
+def test_compiled_argreduce_of_a_non_contiguous_tensor_indexes_logically(op, make):
+    """argmin/argmax over all dimensions of a non-contiguous tensor: Inductor computes logical
+    indices for its C++ backend only when asked about the CPU; the patch
+    inductor-argreduce-logical-index makes neuron inputs answer as CPU inputs do (the index was
+    the memory-order one)."""
+    from torch._functorch import config as functorch_config
+    from torch._inductor import config as inductor_config
+
+    x = make(torch.randint(-1000, 1000, (2, 6, 2, 7), generator=torch.Generator().manual_seed(3)))
+    torch._dynamo.reset()
+    # not from the caches: kernels cached before the patch index in memory order
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        got = torch.compile(lambda t: getattr(t, op)(), backend="neuron")(x.to(DEV))
+    assert got.item() == getattr(x, op)().item()

@@ -98,6 +98,7 @@ def register() -> None:
     _torch_patches.check("inductor-wrapper-overrides")
     _torch_patches.apply("inductor-is-cpu")
     _torch_patches.apply("inductor-current-backend")
+    _torch_patches.apply("inductor-argreduce-logical-index")
     if get_scheduling_for_device("neuron") is None:
         register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen)
     register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
