@@ -148,6 +148,7 @@ def execute(program: Program, device: str, sync_each: bool = False) -> Run:
                 busy = False
             out = Outcome()
             bound = set(ns)
+            storages = _storages(st, ns) if device == "cpu" else {}
             try:
                 exec(compile(st.code, f"<statement {i}>", "exec"), ns)
             except Exception as e:  # noqa: BLE001 - the exception is what is compared
@@ -167,6 +168,8 @@ def execute(program: Program, device: str, sync_each: bool = False) -> Run:
                         run.created[(i, n)] = _meta(v)
             if device == "cpu" and out.error is None:
                 _follow_levels(st, ns, levels)
+            if device == "cpu":
+                _follow_growth(st, ns, storages, out.error is not None, levels)
         if device != "cpu":
             try:
                 _sync(device)
@@ -189,6 +192,26 @@ def execute(program: Program, device: str, sync_each: bool = False) -> Run:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().split("\n") or [""])[0][:300]
+
+
+def _storages(st, ns) -> dict:
+    """The storages of what `st` writes, before it runs."""
+    return {w: (ns[w].untyped_storage().data_ptr(), ns[w].untyped_storage().nbytes())
+            for w in st.writes if isinstance(ns.get(w), torch.Tensor)}
+
+
+def _follow_growth(st, ns, before, failed, levels):
+    """A storage that `st` grew holds bytes nothing wrote: its values are not compared when the
+    statement failed after growing it, or when other tensors view it (an out= that is a view
+    grows its base's storage and writes only the view)."""
+    for w, (ptr, nbytes) in before.items():
+        t = ns.get(w)
+        if not isinstance(t, torch.Tensor) or t.untyped_storage().nbytes() <= nbytes:
+            continue
+        shared = any(isinstance(v, torch.Tensor) and n != w and v.untyped_storage().data_ptr() in (
+            ptr, t.untyped_storage().data_ptr()) for n, v in ns.items() if NAME.fullmatch(n))
+        if failed or shared:
+            levels[(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())] = UNCOMPARED
 
 
 def _follow_levels(st, ns, levels):

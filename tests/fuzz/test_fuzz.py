@@ -23,7 +23,7 @@ from .generator import PROFILES, generate
 
 # Programs per path in CI: about 70 s on 2 shared cores with a warm Inductor cache
 # (compiled programs take seconds each to compile when the cache is cold).
-CI_PROGRAMS = {"lean": 1000, "generic": 1500, "fused": 400, "compiled": 3}
+CI_PROGRAMS = {"lean": 800, "generic": 1200, "fused": 400, "compiled": 3}
 REPORTED = 3  # failing programs minimised and printed per path
 
 
