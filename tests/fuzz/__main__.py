@@ -44,12 +44,14 @@ def chunk(path: str, first: int, count: int, log: str) -> int:
         for seed in range(first, first + count):
             f.write(json.dumps({"start": seed}) + "\n")
             f.flush()
+            known_findings.hits.clear()
             program = generator.generate(seed, path)
             try:
                 found = runner.check(program)
             except Exception as e:  # noqa: BLE001 - the runner itself failing is a finding too
                 found = [runner.Mismatch("runner error", "", f"{type(e).__name__}: {e}")]
-            f.write(json.dumps({"seed": seed, "mismatches": [[m.kind, m.where, m.detail] for m in found]}) + "\n")
+            f.write(json.dumps({"seed": seed, "mismatches": [[m.kind, m.where, m.detail] for m in found],
+                                "findings": sorted(set(known_findings.hits))}) + "\n")
         f.write(json.dumps({"stats": dict(runner.stats), "known": dict(known_findings.used)}) + "\n")
     return 0
 
@@ -65,7 +67,7 @@ def many(path: str, first: int, count: int, out: str, per_child: int, timeout: f
     os.makedirs(out, exist_ok=True)
     log = os.path.join(out, f"{path}.jsonl")
     open(log, "w").close()
-    seed, done, started = first, {}, time.time()
+    seed, done, met, started = first, {}, {}, time.time()
     crashes, stats, known = [], defaultdict(int), defaultdict(int)
     while seed < first + count:
         n = min(per_child, first + count - seed)
@@ -83,6 +85,7 @@ def many(path: str, first: int, count: int, out: str, per_child: int, timeout: f
                     last_start = rec["start"]
                 elif "seed" in rec:
                     done[rec["seed"]] = rec["mismatches"]
+                    met[rec["seed"]] = rec["findings"]
                 elif "stats" in rec:
                     for k, v in rec["stats"].items():
                         stats[k] += v
@@ -101,7 +104,9 @@ def many(path: str, first: int, count: int, out: str, per_child: int, timeout: f
     for s, found in sorted(done.items()):
         if found:
             kind, where, detail = found[0]
-            classes[signature(kind, detail)].append(s)
+            # with TORCHNEURON_FUZZ_RAW=1, a failing program is counted under the known findings it met
+            cause = " + ".join(met.get(s, [])) if known_findings.RAW and met.get(s) else signature(kind, detail)
+            classes[cause].append(s)
     summary = {"path": path, "programs": count, "first seed": first, "seconds": round(time.time() - started),
                "failing programs": sum(bool(m) for m in done.values()), "stats": dict(stats), "known": dict(known),
                "classes": {k: v for k, v in sorted(classes.items(), key=lambda kv: -len(kv[1]))}}

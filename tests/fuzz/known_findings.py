@@ -19,6 +19,7 @@ together.
 """
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from collections import Counter
@@ -306,6 +307,16 @@ FINDINGS: list[Finding] = [
 ]
 
 used: Counter = Counter()  # finding name -> statements not drawn or differences tolerated
+hits: list = []            # the findings met since it was last cleared (python -m tests.fuzz clears it per program)
+# TORCHNEURON_FUZZ_RAW=1: findings are counted and listed in `hits` but nothing is left out, so the
+# fuzzer shows how often each one makes a program fail (python -m tests.fuzz groups failures by them).
+RAW = os.environ.get("TORCHNEURON_FUZZ_RAW") == "1"
+
+
+def _met(name: str) -> str | None:
+    used[name] += 1
+    hits.append(name)
+    return None if RAW else name
 
 
 def excluded(statement, ns, path: str) -> str | None:
@@ -314,8 +325,7 @@ def excluded(statement, ns, path: str) -> str | None:
         if f.matches is None or (f.paths and path not in f.paths):
             continue
         try:
-            if f.matches(statement, ns):
-                used[f.name] += 1
+            if f.matches(statement, ns) and _met(f.name):
                 return f.name
         except Exception:  # noqa: BLE001 - a predicate that cannot judge a statement does not exclude it
             continue
@@ -329,15 +339,13 @@ def excluded_error(statement, error: BaseException, path: str) -> str | None:
         if f.paths and path not in f.paths:
             continue
         if f.cpu_error and re.search(f.cpu_error, message) and (
-                not f.ops or statement.op in f.ops or statement.kind in f.ops):
-            used[f.name] += 1
+                not f.ops or statement.op in f.ops or statement.kind in f.ops) and _met(f.name):
             return f.name
     return None
 
 
 def tolerated(kind: str, cpu, dev) -> str | None:
     for f in FINDINGS:
-        if f.tolerates and f.tolerates(kind, cpu, dev):
-            used[f.name] += 1
+        if f.tolerates and f.tolerates(kind, cpu, dev) and _met(f.name):
             return f.name
     return None
