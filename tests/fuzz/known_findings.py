@@ -104,7 +104,10 @@ def _out_reshaped(statement, ns, with_elements: bool) -> bool:
         return False
     out = ns[m.group(1)]
     call = statement.code.replace(f", out={m.group(1)}", "")
-    result = eval(call, dict(ns))  # noqa: S307 - the shadow run's own statement
+    try:
+        result = eval(call, dict(ns))  # noqa: S307 - the shadow run's own statement
+    except Exception:  # noqa: BLE001 - the call raises: the CPU may have resized the out= before
+        return out.numel() > 0 or not with_elements
     return isinstance(result, torch.Tensor) and (out.numel() > 0 or not with_elements) and out.shape != result.shape
 
 
@@ -152,11 +155,6 @@ def _ldexp_of_integer_exponent(statement, ns) -> bool:
     return "ldexp" in statement.code and any(not (t.is_floating_point() or t.is_complex()) for t in _tensors(statement, ns))
 
 
-def _bool_with_float_alpha(statement, ns) -> bool:
-    floating = "alpha=" in statement.code and re.search(r"alpha=-?\d+\)", statement.code) is None
-    return floating and any(t.dtype == torch.bool for t in _tensors(statement, ns))
-
-
 def _memory_format_of_size_1_dims(statement, ns) -> bool:
     """Statements that see the strides of dimensions of size 1 or of zero-size tensors: memory
     format conversions of 4-d and 5-d tensors, and .stride() itself."""
@@ -202,35 +200,50 @@ def _shift_of_bool(statement, ns) -> bool:
         t.dtype == torch.bool for t in _tensors(statement, ns))
 
 
+def _relu_of_complex(statement, ns) -> bool:
+    return re.search(r"relu\(|\.relu_?\(", statement.code) is not None and any(
+        t.is_complex() for t in _tensors(statement, ns))
+
+
 def _set_storage_without_strides(statement, ns) -> bool:
     return re.search(r"\.set_\(\w+\.untyped_storage\(\), [^,]+, \([^)]*\)\)$", statement.code) is not None
 
 
 FINDINGS: list[Finding] = [
-    # Checks that only the CPU kernel makes (its dtype dispatch, refusals of complex or bool
-    # inputs, a Scalar that overflows the dtype, index_put's value shape, mm's dtypes): the
-    # meta pass accepts the call, it is queued, and the error comes at the next
-    # synchronisation as a RuntimeError instead of at the call with the CPU's type.
-    Finding("kernel checks deferred", "test_kernel_checks_raise_at_the_call",
-            cpu_error=r"not implemented for|only support|does not support|not supported for|is not supported|"
-                      r"not yet implemented|not intended to support|without overflow|must have the same dtype|"
-                      r"to have the same dtype|shape mismatch: value tensor|Boolean inputs not supported|"
-                      r"Expected reduction dim|is no longer supported|Subtraction, the `-` operator|Expected dtype|"
-                      r"Expected a long tensor|negative integer powers|requires the source and destination dtypes|"
-                      r"should be positive|Found dtype \w+ but expected|does not match the shape of the indexed tensor"),
-    # An in-place operator whose result would have to broadcast `self` to a larger shape:
-    # the Python meta kernel resizes `self` instead of refusing, so neuron resizes the
-    # tensor (and computes) where the CPU raises.
-    Finding("in-place broadcast resizes self", "test_in_place_broadcast_of_self_raises",
+    # A check the CPU kernel makes on a Scalar's value (a complex value for a float tensor, a
+    # value out of the dtype's range, a negative power of integers) or on sizes (index_put's
+    # value shape, a mask's shape), after the kernel accepted the call's kernel-check signature
+    # with other values or sizes: the signature holds dtypes, ranks and flags only, so the call
+    # queues, and the error comes at the next synchronisation.
+    Finding("kernel checks deferred", "test_value_and_size_checks_raise_at_the_call_after_another_call",
+            cpu_error=r"without overflow|negative integer powers|Converting complex Scalar|shape mismatch: value tensor|"
+                      r"does not match the shape of the indexed tensor|should be positive|Expected reduction dim"),
+    # relu of a complex tensor on the lean path (small, contiguous): the lean path checks bool
+    # inputs but not complex ones, so clamp's refusal comes at the next synchronisation.
+    Finding("lean relu of complex", "test_lean_relu_of_complex_raises_at_the_call", matches=_relu_of_complex),
+    # index_put_ (x[index] = value) with the written tensor's own memory as the value: the CPU
+    # refuses any overlap of the two; the executor runs only partial overlaps synchronously, so
+    # once the signature was accepted a full overlap queues (and raises at the next
+    # synchronisation), and of empty tensors none is seen (empty storages are never shared).
+    Finding("index_put_ of its own memory", "test_index_put_of_its_own_memory_raises_at_the_call",
+            cpu_error=r"some elements of the input tensor and the written-to tensor refer to a single memory",
+            ops=("index_put",)),
+    # A copy between shapes that do not broadcast: the device copy has no shape check, the
+    # error comes from the task at the next synchronisation (also matmul's copy into a
+    # non-contiguous out=, which the CPU refuses with this error).
+    Finding("copy_ shape check deferred", "test_copy_shape_check_at_the_call",
+            cpu_error=r"must match the size of tensor b|doesn't match the broadcast shape|expand",
+            ops=("copy_", "matmul.out")),
+    # logical_and_ and its kin (out= calls with self as the out) whose result would have to
+    # broadcast `self` to a larger shape: the Python meta kernel resizes `self`, so neuron
+    # resizes the tensor and computes where the CPU raises.
+    Finding("in-place broadcast resizes self", "test_logical_and_in_place_broadcast_of_self_raises",
             cpu_error=r"output with shape \[.*\] doesn't match the broadcast shape"),
-    # An in-place or out= result type that `self` cannot hold: not checked by the meta pass.
-    Finding("in-place cast check deferred", "test_in_place_cast_check_at_the_call",
-            cpu_error=r"can't be cast to the desired output type"),
-    # A written tensor with internal overlap (expanded): not checked by the meta pass of
-    # most in-place operators (add_ is).
+    # A written tensor with internal overlap (expanded), after the kernel accepted the call's
+    # signature on a tensor without: the meta pass of most in-place operators does not check.
     Finding("internal overlap check deferred", "test_internal_overlap_check_at_the_call",
             cpu_error=r"more than one element of the written-to tensor refers to a single memory location"),
-    # Results whose layout the meta kernel gives otherwise than the CPU kernel; the executor
+    # Results whose layout the meta kernel gives otherwise than the CPU kernel; a queued call
     # takes the meta kernel's. copysign, xlogy, floor_divide, div(rounding_mode='floor') and add
     # with alpha of operands in different layouts (their meta kernels are Python decompositions
     # whose first operand is the CPU kernel's second), angle of a complex tensor (the CPU copies
@@ -244,9 +257,10 @@ FINDINGS: list[Finding] = [
     # argument where the CPU's kernel read it before resizing.
     Finding("out= that is also an operand", "test_out_that_is_an_operand_and_resized", matches=_out_is_an_operand),
     # A non-empty out= argument of another shape (resized, with PyTorch's warning) is made
-    # row-major; the CPU's structured kernels give it the layout of the inputs.
+    # row-major; the CPU's structured kernels give it the layout of the inputs. (Also an out=
+    # call that raises: the CPU may resize the out= before its kernel refuses, neuron not.)
     Finding("resized out= is row-major", "test_resized_out_takes_the_cpus_strides", matches=_out_resized),
-    # Results whose dtype the meta kernel gives otherwise than the CPU kernel; the executor takes
+    # Results whose dtype the meta kernel gives otherwise than the CPU kernel; a queued call takes
     # the meta kernel's: bool ** True is int64 (the CPU's is bool); clamp of float16 by a complex
     # Scalar allocates a ComplexHalf result, which the CPU's out= kernel then refuses at the
     # next synchronisation (the CPU computes float16). The predicate runs the statement on meta
@@ -263,21 +277,6 @@ FINDINGS: list[Finding] = [
     # pow(2, other), which overflows and underflows in pow (0 * 2**30000 is NaN, not 0).
     Finding("ldexp takes the composite's other branch", "test_ldexp_of_an_integer_exponent",
             matches=_ldexp_of_integer_exponent),
-    # add and sub of bool tensors with a floating alpha: the C++ meta function's alpha check is
-    # not in the Python meta kernel, so the task refuses it, at the next synchronisation.
-    Finding("alpha check of bool deferred", "test_alpha_check_of_bool_at_the_call",
-            matches=_bool_with_float_alpha),
-    # index_put_ (x[index] = value) with a value that is the written tensor or shares its
-    # memory: the CPU refuses any overlap of the two, the executor's check only partial overlap.
-    Finding("index_put_ of its own memory", "test_index_put_of_its_own_memory_raises_at_the_call",
-            cpu_error=r"some elements of the input tensor and the written-to tensor refer to a single memory",
-            ops=("index_put",)),
-    # A copy between shapes that do not broadcast: the device copy has no shape check, the
-    # error comes from the task at the next synchronisation (also matmul's copy into a
-    # non-contiguous out=, which the CPU refuses with this error).
-    Finding("copy_ shape check deferred", "test_copy_shape_check_at_the_call",
-            cpu_error=r"must match the size of tensor b|doesn't match the broadcast shape|expand",
-            ops=("copy_", "matmul.out")),
     # set_(storage, offset, size) without strides: the CPU makes the tensor row-major, the
     # device's set_ refuses the empty strides (and it accepts a negative offset, which the CPU
     # refuses: the tensor then reads memory before its storage).
