@@ -181,12 +181,31 @@ def _meta_dtype(statement, ns) -> bool:
             scalar or any(t.dim() == 0 for t in tensors)):
         return False
     cpu = _flat(eval(m.group(2), dict(ns)))  # noqa: S307 - the shadow run's own statement
-    on_meta = dict(ns, dev="meta", **{n: _as_meta(ns[n]) for n in statement.operands
-                                      if isinstance(ns.get(n), torch.Tensor)})
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        meta = _flat(eval(m.group(2), on_meta))  # noqa: S307
-    return len(cpu) == len(meta) and any(c.dtype != d.dtype for c, d in zip(cpu, meta))
+    tensors = {n: ns[n] for n in statement.operands if isinstance(ns.get(n), torch.Tensor)}
+    # as the meta pass sees the call: meta tensors; and with 0-dim device tensors as the Python
+    # scalars that Python's argument parser makes of them for a Scalar overload (clamp's min)
+    variants = [{n: _as_meta(t) for n, t in tensors.items()},
+                {n: (t.item() if t.dim() == 0 else _as_meta(t)) for n, t in tensors.items()}]
+    for variant in variants[: 1 + any(t.dim() == 0 for t in tensors.values())]:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                meta = _flat(eval(m.group(2), dict(ns, dev="meta", **variant)))  # noqa: S307
+        except Exception:  # noqa: BLE001 - this form does not apply to the call
+            continue
+        if len(cpu) == len(meta) and any(c.dtype != d.dtype for c, d in zip(cpu, meta)):
+            return True
+    return False
+
+
+def _empty_out_of_another_dtype(statement, ns) -> bool:
+    """An empty out= argument the call grows, of another dtype than the call computes in."""
+    m = re.search(r", out=torch\.empty\(0, dtype=(torch\.\w+), device=dev\)\)$", statement.code)
+    if not m:
+        return False
+    call = statement.code.split(" = ", 1)[1].replace(m.group(0)[:-1], "")
+    result = eval(call, dict(ns))  # noqa: S307 - the shadow run's own statement
+    return isinstance(result, torch.Tensor) and str(result.dtype) != m.group(1)
 
 
 def _compiled_argmin_of_8_bit(statement, ns) -> bool:
@@ -266,6 +285,13 @@ FINDINGS: list[Finding] = [
     # next synchronisation (the CPU computes float16). The predicate runs the statement on meta
     # tensors and compares.
     Finding("meta kernels' dtypes", "test_dtypes_the_meta_kernel_gives_otherwise", matches=_meta_dtype),
+    # An empty out= that the call grows, of another dtype than the call computes in (atan2 of
+    # int64 into complex64): the first call runs synchronously and the kernel grows the out, as
+    # on the CPU; later calls are queued with the out allocated beforehand (the CPU's layout,
+    # learnt), and ATen computes a cast result into an out it is given otherwise than into one
+    # it grows: 1 ulp in 2 of 56 elements (on the CPU alone too, preallocated against grown).
+    Finding("grown out= of another dtype", "test_empty_out_of_another_dtype_grows_as_on_the_cpu",
+            matches=_empty_out_of_another_dtype),
     # resize_ to the shape a tensor has: the CPU keeps its strides, neuron makes it row-major.
     Finding("resize_ to its own shape", "test_resize_to_its_own_shape_keeps_strides", matches=_resize_to_own_shape),
     # Copies between tensors of the same memory on the device check overlap before the CPU's

@@ -70,3 +70,17 @@ def test_fuzz(path, capsys):
     if path == "fused":
         assert fused_groups > count // 4, "the fused path hardly fused"
     torch.neuron.synchronize()
+
+
+def test_every_known_finding_has_its_strict_xfail():
+    """Each finding the fuzzer leaves out names a regression test that exists and is a strict xfail,
+    so that a fix shows (the test XPASSes and fails) and the finding's entry goes with it."""
+    from . import test_regressions
+
+    for finding in known_findings.FINDINGS:
+        test = getattr(test_regressions, finding.regression_test, None)
+        assert test is not None, f"{finding.name}: no {finding.regression_test} in test_regressions.py"
+        marks = [m for m in getattr(test, "pytestmark", []) if m.name == "xfail"]
+        assert marks and marks[0].kwargs.get("strict"), f"{finding.name}: {finding.regression_test} is no strict xfail"
+    names = [f.name for f in known_findings.FINDINGS]
+    assert len(names) == len(set(names))
