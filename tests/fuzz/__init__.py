@@ -3,7 +3,9 @@
 aliasing and in its exceptions, statement by statement.
 
 * generator.py  random programs as Python source, per path (lean, generic,
-                fused, compiled), each seeded and reproducible
+                fused, compiled), each seeded and reproducible (a seed names a
+                program for this generator and known_findings.py: a statement
+                left out changes what is drawn after it)
 * known_findings.py  reported findings kept out of the generator, each naming
                 its regression test in test_regressions.py
 * runner.py     runs a program on a device and compares two runs

@@ -1,9 +1,9 @@
 """Random programs as Python source.
 
-A program is a list of statements over named tensors: inputs ``x0, x1, ...``
+A program is a list of statements over named tensors: inputs ``x1, x2, ...``
 made on the CPU from one seeded generator ``g`` and moved to ``dev`` in some
-layout, then statements ``v5 = torch.add(x0, x1)``, ``x1[1:] += x0[:-1]``,
-``v7, v8 = v5.max(1)``. The same source runs with ``dev = "cpu"`` and
+layout, then statements ``v5 = torch.add(x1, x2)``, ``x2[1:] += x1[:-1]``,
+``v7, v8 = v5.max(1)`` (names are numbered in the order they are drawn). The same source runs with ``dev = "cpu"`` and
 ``dev = "neuron"`` (runner.py), and prints as a script a human can paste.
 
 Statements are drawn by executing them on the CPU while the program grows
@@ -39,7 +39,6 @@ from . import known_findings
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.complex64]
-FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 NAME = re.compile(r"\b([xv]\d+)\b")
 
 
