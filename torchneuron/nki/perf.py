@@ -650,6 +650,9 @@ def schedule(records, machine: Machine, kernel_name="", lives=None) -> Report:
             fused = (src and src[0].buffer.on_chip and last_use.get(src[0].root) == i
                      and (rec.kind[1] == "assign" or (dst and dst[0].buffer is Buffer.psum
                                                        and src[0].buffer is Buffer.psum)))
+            # ``t[...] += x`` assigns the updated region back onto itself: nothing moves
+            fused = fused or (rec.kind[1] == "assign" and src and dst and src[0].root == dst[0].root
+                              and src[0].box == dst[0].box)
             if fused:
                 eng = "none"
         ready = 0.0
