@@ -223,8 +223,9 @@ def test_beta1_accumulation_and_assignment_cost_no_extra_instructions():
     np.testing.assert_allclose(out.astype(np.float32), a.astype(np.float32).T @ b.astype(np.float32), rtol=1e-2, atol=0.3)
     names = [e["name"] for e in rep.timeline()]
     assert names.count("nisa.nc_matmul") == 8
-    # the engine instructions are the matmuls, the loads and stores, the PSUM zeroing and one copy per tile
-    assert rep.engines["vector"]["instructions"] == 2 + 2 and rep.engines["dma"]["instructions"] == 16 + 2
+    # the engine instructions are the matmuls, the loads and stores and one copy per tile (the zeroed PSUM
+    # accumulator costs nothing: its group's first matmul overwrites it)
+    assert rep.engines["vector"]["instructions"] == 2 and rep.engines["dma"]["instructions"] == 16 + 2
     assert "in-place update" not in names and "tile assignment" not in names
 
 

@@ -29,6 +29,10 @@ Costs (cycles of the engine's clock unless stated):
   aggregate bandwidth of the core's 16 DMA engines (fewer for tiles of fewer
   rows), and a fixed 1.3 us until the consumer may start.  Transposing DMAs
   run at 90% (from HBM) or 50% (SBUF to SBUF) of that on v3/v4.
+* Nothing, for what the compiler does not emit: allocations, access
+  patterns, a zeroed PSUM accumulator (its first matmul overwrites), a
+  result assigned into a tile or accumulated into PSUM and used nowhere
+  else (its producer writes there), ``t[...] += x`` assigning its view back.
 
 The model's latency is the time the last instruction finishes.  MFU is the
 matmul work at the peak rate of its input type over that latency; MBU the
@@ -194,8 +198,10 @@ class Recorder:
         isz = _dt.itemsize(dtype)
         shape = tuple(t.shape)
         n = int(math.prod(shape)) if shape else 1
-        parts = int(shape[0]) if shape else 1
         box, run, inner = self._geometry_of(t, root, isz)
+        # the partitions (rows, in HBM) the view spans: for a tile with block axes before its
+        # partition axis (nl.par_dim) that is not its first dimension
+        parts = max(1, min(box[1] - box[0], n))
         return Access(self._root_id(root), root.buffer, dtype, isz, n, parts, box, run, write, inner, role)
 
     def _geometry_of(self, t, root, isz):
@@ -343,6 +349,9 @@ def cost_of(rec: Record, machine: Machine) -> Cost:
         return Cost("none")
     if base in ("zeros", "ones", "full") and writes and not writes[0].buffer.on_chip:
         return Cost("none")
+    if base == "zeros" and writes and writes[0].buffer is Buffer.psum:
+        # a zeroed PSUM accumulator: the first matmul of its accumulation group overwrites instead
+        return Cost("none")
     if base in _DMA:
         return _dma_cost(rec, machine, reads, writes, base)
     if base == "assign" and reads and reads[0].buffer.on_chip and writes and writes[0].buffer.on_chip:
@@ -415,6 +424,8 @@ def _vector_cost(rec, machine, reads, writes, kind, eng):
     in_tiles = [a for a in reads if a.buffer.on_chip] or tiles
     n = max(a.free for a in tiles)
     inputs = max(1, min(len(in_tiles), 2)) if base in _TWO_INPUT else 1
+    if base == "update":
+        inputs = 2  # the target is read too
     rate_base, rate_perf = {"vector": machine.vector_rate, "scalar": machine.scalar_rate,
                             "gpsimd": machine.gpsimd_rate}[eng]
     rate = rate_base
