@@ -28,7 +28,7 @@ How drivers are run:
   call, and ``nki.benchmark`` times at most ``--benchmark-seconds`` of
   emulator iterations per call.
 
-Exit status 0 when every kernel that ran passed.
+Exit status 0 when no kernel failed and no driver failed outside its kernels.
 """
 from __future__ import annotations
 

@@ -29,6 +29,10 @@ Costs (cycles of the engine's clock unless stated):
   aggregate bandwidth of the core's 16 DMA engines (fewer for tiles of fewer
   rows), and a fixed 1.3 us until the consumer may start.  Transposing DMAs
   run at 90% (from HBM) or 50% (SBUF to SBUF) of that on v3/v4.
+* Nothing, for what the compiler does not emit: allocations, access
+  patterns, a zeroed PSUM accumulator (its first matmul overwrites), a
+  result assigned into a tile or accumulated into PSUM and used nowhere
+  else (its producer writes there), ``t[...] += x`` assigning its view back.
 
 The model's latency is the time the last instruction finishes.  MFU is the
 matmul work at the peak rate of its input type over that latency; MBU the
@@ -39,15 +43,14 @@ engine balance, overlap).
 """
 from __future__ import annotations
 
-import math
 import json
-import os
+import math
 import weakref
 
 import numpy as np
 
 from . import dtypes as _dt
-from .liveness import format_site, kernel_site
+from .liveness import kernel_site
 from .machine import Buffer, Machine
 
 # ----------------------------------------------------------------- records
@@ -194,8 +197,10 @@ class Recorder:
         isz = _dt.itemsize(dtype)
         shape = tuple(t.shape)
         n = int(math.prod(shape)) if shape else 1
-        parts = int(shape[0]) if shape else 1
         box, run, inner = self._geometry_of(t, root, isz)
+        # the partitions (rows, in HBM) the view spans: for a tile with block axes before its
+        # partition axis (nl.par_dim) that is not its first dimension
+        parts = max(1, min(box[1] - box[0], n))
         return Access(self._root_id(root), root.buffer, dtype, isz, n, parts, box, run, write, inner, role)
 
     def _geometry_of(self, t, root, isz):
@@ -307,13 +312,15 @@ DMA_CHUNK_OVERHEAD_BYTES = 512
 
 
 class Cost:
-    __slots__ = ("engine", "busy", "latency", "occupancy", "flops", "ideal", "hbm_bytes", "fused")
+    """An instruction's engine, time on it (ns), delay until consumers may start, share of the engine
+    it holds (the DMA bandwidth), matmul FLOPs and their time at the peak rate, bytes to or from HBM."""
+
+    __slots__ = ("engine", "busy", "latency", "occupancy", "flops", "ideal", "hbm_bytes")
 
     def __init__(self, engine, busy=0.0, latency=0.0, occupancy=None, flops=0.0, ideal=0.0, hbm_bytes=0):
         self.engine, self.busy, self.latency = engine, busy, latency
         self.occupancy = busy if occupancy is None else occupancy
         self.flops, self.ideal, self.hbm_bytes = flops, ideal, hbm_bytes
-        self.fused = False
 
 
 def _engine_name(value):
@@ -327,28 +334,28 @@ def _engine_name(value):
     return None
 
 
-def _matmul_class(dtypes, machine):
-    names = {_dt.name(d) for d in dtypes}
-    if names & {"float32"}:
-        return "fp32"
-    return "bf16"
+def _matmul_class(dtypes):
+    """The Tensor Engine rate a matmul runs at: fp32 inputs at a quarter of the bf16 rate."""
+    return "fp32" if any(_dt.name(d) == "float32" for d in dtypes) else "bf16"
 
 
 def cost_of(rec: Record, machine: Machine) -> Cost:
-    module, kind = rec.kind
+    _, kind = rec.kind
     base = kind.split(":")[0]
     reads = [a for a in rec.accesses if not a.write]
     writes = [a for a in rec.accesses if a.write]
-    if base in _FREE or (module == "language" and base in ("ndarray",)):
+    if base in _FREE:
         return Cost("none")
     if base in ("zeros", "ones", "full") and writes and not writes[0].buffer.on_chip:
+        return Cost("none")
+    if base == "zeros" and writes and writes[0].buffer is Buffer.psum:
+        # a zeroed PSUM accumulator: the first matmul of its accumulation group overwrites instead
         return Cost("none")
     if base in _DMA:
         return _dma_cost(rec, machine, reads, writes, base)
     if base == "assign" and reads and reads[0].buffer.on_chip and writes and writes[0].buffer.on_chip:
-        # tile[...] = result: the producing instruction writes there directly (fused below)
-        c = _vector_cost(rec, machine, reads, writes, base, "vector")
-        return c
+        # a copy, unless the producing instruction writes there directly (decided in schedule)
+        return _vector_cost(rec, machine, reads, writes, base, "vector")
     if base in _TENSOR:
         if base in ("nc_transpose",) and _engine_name(rec.options.get("engine")) == "vector":
             return _vector_cost(rec, machine, reads, writes, base, "vector")
@@ -392,7 +399,7 @@ def _tensor_cost(rec, machine, reads, writes, base):
         flops = 2.0 * k * 4 * m * n
         ideal = flops / (machine.tensor_tflops.get("mx", machine.tensor_tflops["bf16"]) * 1e3)
         return Cost("tensor", cycles / clock, TENSOR_LATENCY_CYCLES / clock, flops=flops, ideal=ideal)
-    cls = _matmul_class((stationary.dtype, moving.dtype), machine)
+    cls = _matmul_class((stationary.dtype, moving.dtype))
     f = 4 if cls == "fp32" else 1
     cycles = max(max(n, TENSOR_MIN_CYCLES) * f, m * f / 4)
     if base == "matmul" and not rec.options.get("transpose_x", False):
@@ -415,6 +422,8 @@ def _vector_cost(rec, machine, reads, writes, kind, eng):
     in_tiles = [a for a in reads if a.buffer.on_chip] or tiles
     n = max(a.free for a in tiles)
     inputs = max(1, min(len(in_tiles), 2)) if base in _TWO_INPUT else 1
+    if base == "update":
+        inputs = 2  # the target is read too
     rate_base, rate_perf = {"vector": machine.vector_rate, "scalar": machine.scalar_rate,
                             "gpsimd": machine.gpsimd_rate}[eng]
     rate = rate_base
@@ -650,6 +659,9 @@ def schedule(records, machine: Machine, kernel_name="", lives=None) -> Report:
             fused = (src and src[0].buffer.on_chip and last_use.get(src[0].root) == i
                      and (rec.kind[1] == "assign" or (dst and dst[0].buffer is Buffer.psum
                                                        and src[0].buffer is Buffer.psum)))
+            # ``t[...] += x`` assigns the updated region back onto itself: nothing moves
+            fused = fused or (rec.kind[1] == "assign" and src and dst and src[0].root == dst[0].root
+                              and src[0].box == dst[0].box)
             if fused:
                 eng = "none"
         ready = 0.0
@@ -872,11 +884,3 @@ def _json_default(v):
         return list(v)
     return str(v)
 
-
-def _ensure_dir(path):
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-
-
-def format_location(site):
-    return format_site(site)

@@ -696,6 +696,15 @@ def _gather_index(t: NkiTensor, norm, shape):
     return NkiTensor(t._alloc, None, np.ascontiguousarray(key), oob if oob.any() else None, 0)
 
 
+def _same_elements(a: NkiTensor, b: NkiTensor) -> bool:
+    """Two basic views of the same elements of the same buffer, in the same order?"""
+    if a._alloc is not b._alloc or a._arr is None or b._arr is None or a._mask is not None:
+        return False
+    x, y = a._arr, b._arr
+    return (x.shape == y.shape and x.strides == y.strides
+            and x.__array_interface__["data"][0] == y.__array_interface__["data"][0])
+
+
 @instruction
 def assign(target: NkiTensor, value):
     """``target[...] = value``: write a tile, scalar or array into a view.
@@ -704,8 +713,8 @@ def assign(target: NkiTensor, value):
     to the target's dtype) and only where its instruction's mask was true.
     """
     if isinstance(value, NkiTensor):
-        if value is target:
-            return
+        if value is target or _same_elements(value, target):
+            return  # ``t[...] += x`` assigns the updated view back onto itself
         if value.buffer.on_chip is False and target.buffer.on_chip:
             raise NKITypeError("cannot assign an HBM tensor to an on-chip tile; use nl.load or nisa.dma_copy")
         if target.buffer.on_chip is False and value.buffer.on_chip:
