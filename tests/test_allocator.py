@@ -57,7 +57,7 @@ def test_out_of_memory_is_an_exception_and_leaves_no_trace():
     keep = torch.ones(MiB, device="neuron")
     before = {k: v for k, v in torch.neuron.memory_stats().items() if k.endswith(".current")}
     with pytest.raises(torch.OutOfMemoryError, match="neuron:0 out of memory"):
-        torch.empty(5 << 30, dtype=torch.uint8, device="neuron")
+        torch.empty(torch.neuron.get_device_properties(0).total_memory + (1 << 30), dtype=torch.uint8, device="neuron")
     after = {k: v for k, v in torch.neuron.memory_stats().items() if k.endswith(".current")}
     assert after == before
     assert torch.neuron.memory_stats()["num_ooms"] >= 1
@@ -107,6 +107,8 @@ def test_record_stream_defers_reuse():
     x = torch.empty(MiB, dtype=torch.uint8, device="neuron")
     ptr = x.data_ptr()
     big = torch.randn(1024, 1024, device="neuron")
+    big @ big, torch.empty_like(x).fill_(1)  # the first call of a signature runs synchronously: the next queue
+    torch.neuron.synchronize()
     with torch.neuron.stream(s):
         big @ big  # keep stream s busy
         x.record_stream(s)

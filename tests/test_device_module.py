@@ -1,9 +1,11 @@
 """torch.neuron and torch.accelerator as users meet them: names, counts and
 properties, generated methods, autoload, fork, printing, and bad input
-(mixed devices, invalid indices, invalid NEURON_RT_VISIBLE_CORES); the
+(mixed devices, invalid indices, invalid NEURON_RT_VISIBLE_CORES and
+TORCHNEURON_MACHINE); the machine model's device properties; the
 functions torch.neuron mirrors from torch.cuda, with its signatures and its
 exception types (capability, StreamContext)."""
 import inspect
+import os
 import warnings
 
 import pytest
@@ -16,8 +18,11 @@ def test_device_module_basics():
     assert torch.neuron.is_available()
     assert torch.neuron.device_count() == 2  # default NEURON_RT_VISIBLE_CORES
     props = torch.neuron.get_device_properties(0)
-    assert props.name == torch.neuron.get_device_name(0) == "NeuronCore-v3 (emulated)"
-    assert props.total_memory == 4 << 30
+    assert props.name == torch.neuron.get_device_name(0) == "NeuronCore-v3 (emulated)"  # Trainium2, the default
+    assert props.cores_per_device == 8
+    # Trainium2's 96 GiB of HBM over 8 cores, unless a core's share of half the host's memory is less
+    host_share = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 // torch.neuron.device_count()
+    assert props.total_memory == min(12 << 30, host_share)
     torch.neuron.init()
     assert torch.neuron.is_initialized()
 
@@ -203,3 +208,31 @@ def test_stream_context_like_torch_cuda():
     finally:
         torch.neuron.set_stream(default1)
         torch.neuron.set_device(0)
+
+
+@pytest.mark.parametrize("machine, name, cores, hbm_gib", [("trn3", "NeuronCore-v4", 8, 18), ("trn1", "NeuronCore-v2", 2, 16)])
+def test_machine_model_sets_the_device_properties(machine, name, cores, hbm_gib):
+    """TORCHNEURON_MACHINE, which the NKI emulator reads too, names the devices and sizes their memory."""
+    r = run_python("import torch; p = torch.neuron.get_device_properties(0); "
+                   "print(p.name, p.cores_per_device, p.total_memory, torch.neuron.get_device_capability(0))",
+                   env={"TORCHNEURON_MACHINE": machine})
+    host_share = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 // 2
+    assert r.stdout.split() == [name, "(emulated)", str(cores), str(min(hbm_gib << 30, host_share)),
+                                f"({name[-1]},", "0)"], r.stderr
+
+
+def test_invalid_machine_model_is_a_clear_error():
+    r = run_python("import torch; torch.empty(1, device='neuron')", env={"TORCHNEURON_MACHINE": "gpu"})
+    assert r.returncode != 0 and "TORCHNEURON_MACHINE='gpu' is invalid: expected trn2" in r.stderr
+
+
+def test_runtime_and_nki_emulator_read_the_machine_setting_alike():
+    from torchneuron import _C
+    from torchneuron.nki import machine
+
+    for alias in machine._ALIASES:
+        key, core, cores, hbm_per_core = _C._machine_model(alias)
+        m = machine.resolve_machine(alias)
+        assert (key, core, cores, hbm_per_core) == (m.key, m.name, m.cores_per_device, m.hbm_bytes_per_core), alias
+    with pytest.raises(ValueError, match="TORCHNEURON_MACHINE='tpu' is invalid"):
+        _C._machine_model("tpu")

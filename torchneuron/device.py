@@ -93,6 +93,7 @@ class _DeviceProperties:
     core_id: int
     major: int  # the NeuronCore generation (get_device_capability)
     minor: int
+    cores_per_device: int  # NeuronCores per Trainium device of the machine model (TORCHNEURON_MACHINE)
     type: str = "neuron"
 
 
@@ -109,11 +110,12 @@ def get_device_properties(device: Any = None) -> _DeviceProperties:
     index = _index(device)
     if index < 0 or index >= device_count():
         raise AssertionError("Invalid device id")
-    name, total, core = _C._device_properties(index)
+    name, total, core, cores_per_device = _C._device_properties(index)
     generation = _GENERATION.match(name)
     if generation is None:
         raise RuntimeError(f"the device name {name!r} does not name a NeuronCore generation")
-    return _DeviceProperties(name=name, total_memory=total, core_id=core, major=int(generation.group(1)), minor=0)
+    return _DeviceProperties(name=name, total_memory=total, core_id=core, major=int(generation.group(1)), minor=0,
+                             cores_per_device=cores_per_device)
 
 
 def get_device_capability(device: Any = None) -> tuple[int, int]:

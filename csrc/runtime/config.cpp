@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <initializer_list>
+
+#include <unistd.h>
 
 #include "errors.h"
 
@@ -29,6 +32,22 @@ int parse_core(const std::string& whole, const std::string& part) {
 }
 
 } // namespace
+
+Machine parse_machine(const std::string& text) {
+  std::string k;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c)) && c != '_') k += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  constexpr size_t GiB = 1ull << 30;
+  auto is = [&](std::initializer_list<const char*> names) {
+    return std::find(names.begin(), names.end(), k) != names.end();
+  };
+  // Device HBM over cores per device, from AWS's architecture guides.
+  if (is({"trn2", "trainium2", "gen3", "v3", "neuroncore-v3", "nc3"})) return {"trn2", "NeuronCore-v3", 8, 96 * GiB / 8};
+  if (is({"trn3", "trainium3", "gen4", "v4", "neuroncore-v4", "nc4"})) return {"trn3", "NeuronCore-v4", 8, 144 * GiB / 8};
+  if (is({"trn1", "trainium1", "trainium", "inf2", "gen2", "v2", "neuroncore-v2", "nc2"}))
+    return {"trn1", "NeuronCore-v2", 2, 32 * GiB / 2};
+  bad("TORCHNEURON_MACHINE", text, "expected trn2 (Trainium2), trn3 (Trainium3) or trn1 (Trainium1)");
+}
 
 std::vector<int> parse_visible_cores(const std::string& text) {
   std::string s;
@@ -78,10 +97,14 @@ size_t parse_bytes(const char* variable, const std::string& text) {
 
 Config config_from_environment() {
   Config c;
+  const char* machine = std::getenv("TORCHNEURON_MACHINE");
+  c.machine = parse_machine(machine && *machine ? machine : "trn2");
   const char* cores = std::getenv("NEURON_RT_VISIBLE_CORES");
   c.visible_cores = cores ? parse_visible_cores(cores) : std::vector<int>{0, 1};
   const char* hbm = std::getenv("TORCHNEURON_HBM_BYTES");
-  c.hbm_bytes = hbm ? parse_bytes("TORCHNEURON_HBM_BYTES", hbm) : (4ull << 30);
+  const size_t host_share = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE)) /
+                            2 / c.visible_cores.size();
+  c.hbm_bytes = hbm && *hbm ? parse_bytes("TORCHNEURON_HBM_BYTES", hbm) : std::min(c.machine.hbm_bytes_per_core, host_share);
   const char* blocking = std::getenv("NEURON_LAUNCH_BLOCKING");
   c.launch_blocking = blocking && std::string(blocking) == "1";
   return c;

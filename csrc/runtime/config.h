@@ -1,7 +1,15 @@
 // Runtime configuration from the environment, parsed once.
 //   NEURON_RT_VISIBLE_CORES  which cores exist: "0-3", "0,2", "1" (default "0-1")
+//   TORCHNEURON_MACHINE      the machine model: trn2 (Trainium2, NeuronCore-v3;
+//                            the default), trn3 (Trainium3, NeuronCore-v4), trn1
+//                            (Trainium1, NeuronCore-v2), or another name of one
+//                            (trainium3, v4, gen4, neuroncore-v4, nc4); the NKI
+//                            emulator reads the same variable
+//                            (torchneuron/nki/machine.py)
 //   TORCHNEURON_HBM_BYTES    device memory per core: bytes or with K/M/G suffix
-//                            (default 4G)
+//                            (default: the machine's HBM per core, or the core's
+//                            share of half the host's memory if that is less:
+//                            device memory is host memory)
 //   NEURON_LAUNCH_BLOCKING   1: every launch runs before it returns
 #pragma once
 
@@ -11,7 +19,16 @@
 
 namespace torchneuron::runtime {
 
+// What the runtime reports of a machine model (DeviceProperties).
+struct Machine {
+  std::string key;            // "trn2"
+  std::string core_name;      // "NeuronCore-v3"
+  int cores_per_device = 0;
+  size_t hbm_bytes_per_core = 0;
+};
+
 struct Config {
+  Machine machine;
   std::vector<int> visible_cores;  // physical core ids, in logical order
   size_t hbm_bytes = 0;
   bool launch_blocking = false;
@@ -20,6 +37,7 @@ struct Config {
 // Parsers, exposed for tests. They throw ConfigError naming the variable.
 std::vector<int> parse_visible_cores(const std::string& text);
 size_t parse_bytes(const char* variable, const std::string& text);
+Machine parse_machine(const std::string& text);
 
 // Reads the environment; throws ConfigError if a variable is invalid.
 Config config_from_environment();

@@ -152,7 +152,8 @@ struct Runtime {
     }
     for (size_t i = 0; i < config.visible_cores.size(); ++i) {
       DeviceProperties p;
-      p.name = "NeuronCore-v3 (emulated)";
+      p.name = config.machine.core_name + " (emulated)";
+      p.cores_per_device = config.machine.cores_per_device;
       p.index = static_cast<int>(i);
       p.core_id = config.visible_cores[i];
       p.total_memory = config.hbm_bytes;

@@ -19,7 +19,8 @@
 namespace torchneuron::runtime {
 
 struct DeviceProperties {
-  std::string name;    // "NeuronCore-v3 (emulated)"
+  std::string name;    // "NeuronCore-v3 (emulated)": the machine model's core
+  int cores_per_device = 0;  // of the machine model: NeuronCores per Trainium device
   int index = 0;       // logical index, as PyTorch numbers devices
   int core_id = 0;     // physical core from NEURON_RT_VISIBLE_CORES
   size_t total_memory = 0;

@@ -119,7 +119,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_properties", [](int index) {
     check_device_index(index);
     const auto& p = rt::device(index).properties();
-    return py::make_tuple(p.name, p.total_memory, p.core_id);
+    return py::make_tuple(p.name, p.total_memory, p.core_id, p.cores_per_device);
+  });
+  // The runtime's reading of a TORCHNEURON_MACHINE value (tests: it agrees
+  // with the NKI emulator's, torchneuron/nki/machine.py).
+  m.def("_machine_model", [](const std::string& text) {
+    try {
+      const rt::Machine mm = rt::parse_machine(text);
+      return py::make_tuple(mm.key, mm.core_name, mm.cores_per_device, mm.hbm_bytes_per_core);
+    } catch (const rt::ConfigError& e) {
+      throw py::value_error(e.what());
+    }
   });
   m.def("_launch_blocking", [] { return rt::config().launch_blocking; });
   // Whether the runtime reports tasks to a profiler (profiler/device_activities.h).

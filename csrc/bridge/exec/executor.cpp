@@ -22,10 +22,14 @@
 // flags, modes) runs synchronously and its results are checked against the
 // meta pass; signatures that agree are queued from then on, those that
 // disagree keep running synchronously, with the CPU kernel's own metadata.
-// Likewise the first call of each kernel-check signature (meta.h) of every
-// queued operator runs synchronously, so that the checks a CPU kernel makes
-// before touching data raise at the call, as on the CPU; only data can make a
-// later call fail, and such errors are raised at the next synchronising call.
+// Likewise the first call of each call signature (meta.h: dtypes, ranks,
+// layout classes, Scalar value classes, overlaps, flags) of every queued
+// operator runs synchronously, so that the checks a CPU kernel makes before
+// touching data raise at the call, as on the CPU, and the CPU kernel's
+// results judge the meta pass's prediction: later calls queue as predicted,
+// queue in the layouts the CPU kernel gave, or keep running synchronously
+// (call_verdicts.h). Only data can make a later call fail, and such errors
+// are raised at the next synchronising call.
 // The small calls of the lean path (../ops/lean_path.cpp) never get here.
 #include "executor.h"
 
@@ -37,6 +41,7 @@
 
 #include "../device_state.h"
 #include "../op_tracking.h"
+#include "call_verdicts.h"
 #include "host_views.h"
 #include "launch.h"
 #include "meta.h"
@@ -100,17 +105,127 @@ void run_view(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit:
 }
 
 
+// Whether a written argument shares device memory with another argument,
+// as ATen's overlap checks see it, and what of that can decide whether the
+// CPU kernel accepts the call: a written argument with internal overlap (an
+// expanded tensor) or the same memory as an operand (x.add_(x), and
+// index_put_ refuses that). Meta kernels cannot see overlap (meta tensors
+// have no addresses), so it is part of the call signature.
+struct WriteOverlap {
+  bool partial = false;  // x[1:] += x[:-1], or too hard to tell
+  uint64_t kind = 0;     // internal and full overlaps, as a signature word
+};
+
+WriteOverlap overlap_of_writes(c10::ArrayRef<c10::IValue> args, const OpPolicy& policy) {
+  WriteOverlap o;
+  for (size_t w : policy.written) {
+    if (!args[w].isTensor() || !args[w].toTensor().defined()) continue;
+    const at::Tensor& out = args[w].toTensor();
+    o.kind = o.kind * 3 + (at::has_internal_overlap(out) == at::MemOverlap::Yes);
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (i == w || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
+      const auto status = at::get_overlap_status(out, args[i].toTensor());
+      if (status == at::MemOverlapStatus::Partial || status == at::MemOverlapStatus::TooHard) o.partial = true;
+      if (status == at::MemOverlapStatus::Full) o.kind = o.kind * 67 + i + 1;
+    }
+  }
+  return o;
+}
+
+// Whether the meta pass resizes a written argument in a way only the CPU
+// kernel handles: an in-place operator's self (the CPU raises: the result
+// would broadcast self), a non-empty out= (the CPU warns and restrides it),
+// an empty out= that is also an operand (the CPU's kernel reads the operand
+// before it resizes the out). An empty out= that grows (how
+// CompositeExplicit functionals such as abs call their out= kernel) queues,
+// and the in-place view operators (squeeze_, t_) change sizes by design.
+bool resize_needs_the_cpu_kernel(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                                 const OpPolicy& policy, const MetaResult& predicted) {
+  for (size_t k = 0; k < policy.written.size() && k < predicted.written.size(); ++k) {
+    const size_t w = policy.written[k];
+    if (!args[w].isTensor() || !predicted.written[k].defined()) continue;
+    const at::Tensor& t = args[w].toTensor();
+    if (!t.defined() || t.sizes() == predicted.written[k].sizes()) continue;
+    if (!op.schema().arguments()[w].is_out()) {
+      if (!op.hasTag(at::Tag::inplace_view)) return true;
+      continue;
+    }
+    if (t.numel() != 0) return true;
+    for (size_t i = 0; i < args.size(); ++i)
+      if (i != w && args[i].isTensor() && args[i].toTensor().defined() &&
+          (args[i].toTensor().is_same(t) || args[i].toTensor().storage().is_alias_of(t.storage())))
+        return true;
+  }
+  return false;
+}
+
+// The verdict for call signature `sig` (call_verdicts.h), or null before its
+// first call. Verdicts live as long as the policy; the newest Queue verdict
+// is found without the lock.
+const CallVerdict* verdict_of(const OpPolicy& policy, uint64_t sig) {
+  static const CallVerdict queue;
+  if (policy.learned.last_queued.load(std::memory_order_relaxed) == sig) return &queue;
+  std::lock_guard<std::mutex> lock(policy.learned.mu);
+  auto it = policy.learned.verdicts.find(sig);
+  if (it == policy.learned.verdicts.end()) return nullptr;
+  if (it->second->kind == CallVerdict::Kind::Queue) policy.learned.last_queued.store(sig, std::memory_order_relaxed);
+  return it->second.get();
+}
+
+// The written arguments of a call on `stack`: device tensors, whose metadata
+// the call updates in place.
+std::vector<at::Tensor> written_arguments(const OpPolicy& policy, c10::ArrayRef<c10::IValue> args) {
+  std::vector<at::Tensor> written;
+  for (size_t w : policy.written) written.push_back(args[w].isTensor() ? args[w].toTensor() : at::Tensor());
+  return written;
+}
+
+// Judges a first call that ran synchronously (call_verdicts.h).
+void record_verdict(const c10::OperatorHandle& op, const OpPolicy& policy, const torch::jit::Stack& stack,
+                    const MetaResult& predicted, const std::vector<at::Tensor>& written, uint64_t call) {
+  auto verdict = std::make_unique<const CallVerdict>(
+      judge_first_call(policy, predicted, torch::jit::last(stack, op.schema().returns().size()), written));
+  std::lock_guard<std::mutex> lock(policy.learned.mu);
+  policy.learned.verdicts.emplace(call, std::move(verdict));
+}
+
+// The first call of a call signature: synchronous, and judged.
+void run_first_call(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
+                    c10::DeviceIndex device, const MetaResult& predicted, uint64_t call) {
+  const auto written = written_arguments(policy, torch::jit::last(*stack, op.schema().arguments().size()));
+  run_synchronously(op, policy, stack, device);
+  record_verdict(op, policy, *stack, predicted, written, call);
+}
+
+// A later call in the layouts its signature's first call taught; the laid
+// out prediction is cached for these exact arguments.
+void launch_in_learned_layouts(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
+                               c10::DeviceIndex device, const std::shared_ptr<const MetaResult>& predicted,
+                               const CallVerdict& verdict) {
+  std::shared_ptr<const MetaResult> laid = predicted;
+  if (!predicted->observed) {
+    laid = in_learned_layouts(policy, *predicted, verdict);
+    MetaSignature sig;
+    if (meta_signature(op, torch::jit::last(*stack, op.schema().arguments().size()), policy.generators,
+                       policy.float_values_free, sig))
+      meta_cache_insert(std::move(sig), laid);
+  }
+  launch_queued(op, policy, stack, device, laid->returns, laid->written);
+}
+
 // A multi-result call whose meta pass is unverified or known to disagree:
 // the CPU kernel decides the metadata, and where the meta kernel got it
 // wrong, what the CPU kernel did becomes the meta result for these exact
 // arguments, so the next such call queues (batch norm in eval mode returns
-// empty statistics).
+// empty statistics). It is its call signature's first call.
 void run_verifying(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
-                   c10::DeviceIndex device, const MetaResult& predicted, uint64_t sig, std::optional<bool> agrees) {
+                   c10::DeviceIndex device, const MetaResult& predicted, uint64_t sig, std::optional<bool> agrees,
+                   uint64_t call) {
   const size_t n = op.schema().arguments().size(), r = op.schema().returns().size();
   auto args = torch::jit::last(*stack, n);
   MetaSignature full;  // before the call: it may change its arguments' metadata
   const bool keyed = meta_signature(op, args, policy.generators, policy.float_values_free, full);
+  const auto written = written_arguments(policy, args);
   run_synchronously(op, policy, stack, device);
   const auto& meta = predicted.returns;
   const bool ok = results_match_meta(policy, torch::jit::last(*stack, r), torch::jit::last(meta, r));
@@ -124,75 +239,13 @@ void run_verifying(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
       seen.returns.push_back(policy.source[i] >= 0 ? meta[i] : map_tensors((*stack)[stack->size() - r + i], [](const at::Tensor& t) {
         return meta_view(t);
       }));
+    // The call signature's verdict, for calls whose prediction is what the
+    // CPU kernel did (those that disagree keep running verified).
+    record_verdict(op, policy, *stack, seen, written, call);
     meta_cache_insert(std::move(full), std::make_shared<const MetaResult>(std::move(seen)));
+  } else if (ok) {
+    record_verdict(op, policy, *stack, predicted, written, call);
   }
-}
-
-// Whether a written argument shares device memory with another argument in a
-// way ATen may refuse or must order (x[1:] += x[:-1]: partial overlap; or
-// too hard to tell). Meta kernels cannot see that (meta tensors have no
-// addresses), so such calls run synchronously: their host views share
-// storage (host_views.h), and the CPU kernel's own checks raise at the call
-// with the CPU's exception, or it computes what the CPU computes.
-bool writes_overlapping_memory(c10::ArrayRef<c10::IValue> args, const OpPolicy& policy) {
-  for (size_t w : policy.written) {
-    if (!args[w].isTensor() || !args[w].toTensor().defined()) continue;
-    const at::Tensor& out = args[w].toTensor();
-    for (size_t i = 0; i < args.size(); ++i) {
-      if (i == w || !args[i].isTensor() || !args[i].toTensor().defined()) continue;
-      const auto status = at::get_overlap_status(out, args[i].toTensor());
-      if (status == at::MemOverlapStatus::Partial || status == at::MemOverlapStatus::TooHard) return true;
-    }
-  }
-  return false;
-}
-
-// An out= call that grows an empty out argument (also how CompositeExplicit
-// functionals such as abs call their out= kernel): the CPU kernel gives it the
-// layout TensorIterator derives from the inputs (a transposed input, a
-// transposed result), where Python meta kernels make it contiguous.
-bool grows_empty_out(c10::ArrayRef<c10::IValue> args, const OpPolicy& policy, const MetaResult& predicted) {
-  for (size_t k = 0; k < policy.written.size(); ++k) {
-    const c10::IValue& a = args[policy.written[k]];
-    if (a.isTensor() && a.toTensor().defined() && a.toTensor().numel() == 0 && k < predicted.written.size() &&
-        predicted.written[k].defined() && predicted.written[k].numel() > 0)
-      return true;
-  }
-  return false;
-}
-
-// Runs such a call synchronously, and what the CPU kernel did to the written
-// arguments becomes the meta result for these exact arguments, so the next
-// such call queues with the CPU's layout.
-void run_observing_growth(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
-                          c10::DeviceIndex device, const MetaResult& predicted) {
-  const size_t n = op.schema().arguments().size();
-  auto args = torch::jit::last(*stack, n);
-  MetaSignature full;  // before the call: it changes its arguments' metadata
-  const bool keyed = meta_signature(op, args, policy.generators, policy.float_values_free, full);
-  std::vector<at::Tensor> written;
-  for (size_t k : policy.written) written.push_back(args[k].isTensor() ? args[k].toTensor() : at::Tensor());
-  run_synchronously(op, policy, stack, device);
-  if (!keyed) return;
-  MetaResult seen{predicted.returns, {}, true};
-  for (const at::Tensor& w : written) seen.written.push_back(meta_view(w));
-  meta_cache_insert(std::move(full), std::make_shared<const MetaResult>(std::move(seen)));
-}
-
-// Whether the CPU kernel has accepted a call with this kernel-check signature
-// (meta.h): then a failure can only come from the data, and the call may queue.
-bool kernel_accepted(const OpPolicy& policy, uint64_t sig) {
-  if (policy.learned.last_accepted.load(std::memory_order_relaxed) == sig) return true;
-  std::lock_guard<std::mutex> lock(policy.learned.mu);
-  if (!policy.learned.kernel_accepted.count(sig)) return false;
-  policy.learned.last_accepted.store(sig, std::memory_order_relaxed);
-  return true;
-}
-
-void accept_kernel(const OpPolicy& policy, uint64_t sig) {
-  std::lock_guard<std::mutex> lock(policy.learned.mu);
-  policy.learned.kernel_accepted.insert(sig);
-  policy.learned.last_accepted.store(sig, std::memory_order_relaxed);
 }
 
 // Whether a verified call with these arguments may queue; nullopt when its
@@ -220,39 +273,43 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     record_execution(*policy.counter, Execution::Queued);
     return run_view(op, policy, stack);
   }
-  if (!policy.written.empty() && writes_overlapping_memory(args, policy)) {
-    record_execution(*policy.counter, Execution::Synchronizing);
-    return run_synchronously(op, policy, stack, device);
+  WriteOverlap overlap;
+  if (!policy.written.empty()) {
+    overlap = overlap_of_writes(args, policy);
+    if (overlap.partial) {
+      record_execution(*policy.counter, Execution::Synchronizing);
+      return run_synchronously(op, policy, stack, device);
+    }
   }
   MetaFailure failure = MetaFailure::NoMetaKernel;
   if (policy.tensor_returns && !policy.data_dependent && !policy.learned.no_meta) {
     std::shared_ptr<const MetaResult> predicted;
     failure = run_meta(op, policy, args, predicted);
     if (failure == MetaFailure::None) {
-      // A kernel's own checks (dtypes it is built for, argument checks the
-      // meta kernel lacks) raise at the call on the CPU: the first call of
-      // each kernel-check signature runs synchronously so they do here too.
-      const uint64_t check = kernel_check_signature(args);
-      if (!predicted->observed && grows_empty_out(args, policy, *predicted)) {
+      if (!policy.written.empty() && resize_needs_the_cpu_kernel(op, args, policy, *predicted)) {
         record_execution(*policy.counter, Execution::Synchronizing);
-        run_observing_growth(op, policy, stack, device, *predicted);
-        return accept_kernel(policy, check);
+        return run_synchronously(op, policy, stack, device);
       }
+      const uint64_t call = call_signature(args) * 1099511628211ull + overlap.kind;
       std::optional<bool> agrees;
       uint64_t sig = 0;
       if (policy.verify_meta && !predicted->observed) agrees = meta_verdict(policy, sig = verification_signature(args));
       if (!policy.verify_meta || predicted->observed || agrees.value_or(false)) {
-        if (!kernel_accepted(policy, check)) {
-          record_execution(*policy.counter, Execution::Synchronizing);
-          run_synchronously(op, policy, stack, device);
-          return accept_kernel(policy, check);
+        const CallVerdict* verdict = verdict_of(policy, call);
+        if (verdict && verdict->kind == CallVerdict::Kind::Queue) {
+          record_execution(*policy.counter, Execution::Queued);
+          return launch_queued(op, policy, stack, device, predicted->returns, predicted->written);
         }
-        record_execution(*policy.counter, Execution::Queued);
-        return launch_queued(op, policy, stack, device, predicted->returns, predicted->written);
+        if (verdict && verdict->kind == CallVerdict::Kind::QueueInLayouts) {
+          record_execution(*policy.counter, Execution::Queued);
+          return launch_in_learned_layouts(op, policy, stack, device, predicted, *verdict);
+        }
+        record_execution(*policy.counter, Execution::Synchronizing);
+        if (verdict) return run_synchronously(op, policy, stack, device);
+        return run_first_call(op, policy, stack, device, *predicted, call);
       }
-      run_verifying(op, policy, stack, device, *predicted, sig, agrees);
       record_execution(*policy.counter, Execution::Synchronizing);
-      return accept_kernel(policy, check);
+      return run_verifying(op, policy, stack, device, *predicted, sig, agrees, call);
     }
   }
   const bool expected_sync = policy.data_dependent || !policy.tensor_returns || failure == MetaFailure::DataDependent;

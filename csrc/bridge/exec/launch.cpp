@@ -316,27 +316,49 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
   translate_errors([&] { current_runtime_stream(device).synchronize(); });
   std::vector<c10::IValue> originals(stack->end() - n, stack->end());
   SharedHostStorages shared;
+  // One host view per device tensor, however many arguments pass it: ATen's
+  // checks compare tensors themselves (x[[]] = x overlaps itself even when
+  // empty), and a resizable one if any of them is written.
+  auto same_tensor = [&](size_t i, size_t j) {
+    return originals[i].isTensor() && originals[j].isTensor() && originals[i].toTensor().defined() &&
+           originals[i].toTensor().is_same(originals[j].toTensor());
+  };
   for (size_t i = 0; i < n; ++i) {
-    (*stack)[stack->size() - n + i] = task_arg(originals[i], i, policy, device, false, policy.writes(i));
+    auto& slot = (*stack)[stack->size() - n + i];
+    size_t first = 0;
+    while (first < i && !same_tensor(first, i)) ++first;
+    if (first < i) {
+      slot = (*stack)[stack->size() - n + first];
+      continue;
+    }
+    bool resizable = policy.writes(i);
+    for (size_t k = i + 1; k < n; ++k) resizable |= same_tensor(i, k) && policy.writes(k);
+    slot = task_arg(originals[i], i, policy, device, false, resizable);
   }
   std::vector<c10::IValue> views(stack->end() - n, stack->end());
-  {
+  // Written arguments the kernel resized come back (into device memory, if
+  // it grew them into fresh host memory), also when it then raised: a CPU
+  // kernel may resize its out= before it refuses the call.
+  auto written_come_back = [&] {
+    for (size_t i : policy.written) {
+      if (!originals[i].isTensor()) continue;
+      const at::Tensor& d = originals[i].toTensor();
+      const at::Tensor& a = views[i].toTensor();
+      adopt_metadata(d, a);
+      if (a.storage().data() != d.storage().data()) {
+        translate_errors([&] { current_runtime_stream(device).synchronize(); });
+        host_view(d).copy_(a);
+      }
+    }
+  };
+  try {
     auto guard = below_autograd();
     call_kernel(op, policy, stack);
+  } catch (...) {
+    written_come_back();
+    throw;
   }
-  // Written arguments the kernel resized into fresh host memory come back.
-  for (size_t i : policy.written) {
-    if (!originals[i].isTensor()) continue;
-    const at::Tensor& d = originals[i].toTensor();
-    const at::Tensor& a = views[i].toTensor();
-    if (a.storage().data() != d.storage().data()) {
-      adopt_metadata(d, a);
-      translate_errors([&] { current_runtime_stream(device).synchronize(); });
-      host_view(d).copy_(a);
-    } else {
-      adopt_metadata(d, a);
-    }
-  }
+  written_come_back();
   for (size_t i = 0; i < r; ++i) {
     auto& ret = (*stack)[stack->size() - r + i];
     if (policy.source[i] >= 0) {

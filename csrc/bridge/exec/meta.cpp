@@ -4,6 +4,8 @@
 #include <c10/core/DefaultDtype.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -196,18 +198,78 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
 }
 
 namespace {
+
+// A tensor's layout as TensorIterator and meta kernels read it: per
+// dimension whether it is empty, of size 1 or broadcast (stride 0), and the
+// order of the other dimensions' strides (with ties), plus its flags.
+uint64_t layout_class(const at::Tensor& t) {
+  const auto* impl = t.unsafeGetTensorImpl();
+  const c10::IntArrayRef sizes = impl->sizes(), strides = impl->strides();
+  uint64_t h = (impl->is_contiguous() ? 1 : 0) | (impl->is_non_overlapping_and_dense() ? 2 : 0) |
+               (t.is_conj() ? 4 : 0) | (t.is_neg() ? 8 : 0);
+  int8_t order[64];
+  size_t n = 0;
+  for (size_t d = 0; d < sizes.size() && d < 64; ++d) {
+    const uint64_t kind = sizes[d] == 0 ? 0 : sizes[d] == 1 ? 1 : strides[d] == 0 ? 2 : 3;
+    h = h * 4 + kind;
+    // A size-1 dimension's stride means nothing, but meta kernels that copy
+    // strides keep it: whether it is the one row-major order gives it.
+    if (kind == 1) h = h * 2 + (strides[d] == (d + 1 < sizes.size() ? strides[d + 1] * sizes[d + 1] : 1));
+    if (kind != 3) continue;
+    size_t k = n++;  // insertion by falling stride: ranks are small
+    for (; k > 0 && strides[order[k - 1]] < strides[d]; --k) order[k] = order[k - 1];
+    order[k] = static_cast<int8_t>(d);
+  }
+  for (size_t k = 0; k < n; ++k)
+    h = h * 131 + static_cast<uint64_t>(order[k]) * 2 + (k > 0 && strides[order[k]] == strides[order[k - 1]]);
+  return h;
+}
+
+// What a kernel may check of a Scalar's value: its sign, whether it is
+// zero, integral, finite, and which dtypes hold it without overflow.
+uint64_t int_class(int64_t v) {
+  return (v < 0) | (v == 0) << 1 | (v >= -128 && v <= 127) << 2 | (v >= 0 && v <= 255) << 3 |
+         (v >= -32768 && v <= 32767) << 4 | (v >= INT32_MIN && v <= INT32_MAX) << 5;
+}
+
+uint64_t double_class(double v) {
+  const double m = std::fabs(v);
+  return std::isnan(v) | std::isinf(v) << 1 | std::signbit(v) << 2 | (v == 0) << 3 | (std::trunc(v) == v) << 4 |
+         (m > 65504.0) << 5 | (m > 3.3895313892515355e38) << 6 | (m > 3.4028234663852886e38) << 7;
+}
+
 uint64_t argument_signature(c10::ArrayRef<c10::IValue> args, bool int_values) {
   uint64_t h = 1469598103934665603ull;
   auto mix = [&](uint64_t v) { h = (h ^ v) * 1099511628211ull; };
   auto tensor = [&](const at::Tensor& t) {
     mix(t.defined() ? 1 + 8 * (static_cast<uint64_t>(t.scalar_type()) + 64 * (t.dim() + 64 * (t.numel() == 0))) : 0);
+    if (int_values || !t.defined()) return;
+    mix(layout_class(t));
+    // A Python number passed for a Tensor argument (a wrapped number, as in
+    // x // 0) or a host scalar: its value, as a Scalar's.
+    if (t.is_cpu() && t.dim() == 0) {
+      switch (t.scalar_type()) {
+        case at::kLong: return mix(int_class(*t.const_data_ptr<int64_t>()));
+        case at::kDouble: return mix(double_class(*t.const_data_ptr<double>()));
+        case at::kComplexDouble: {
+          const auto z = *t.const_data_ptr<c10::complex<double>>();
+          return mix(double_class(z.real()) + 1024 * double_class(z.imag()));
+        }
+        default: return;
+      }
+    }
   };
   mix(at::GradMode::is_enabled() ? 23 : 29);  // as in meta_signature
   for (const auto& a : args) {
     mix(a.isNone() ? 17 : 19);
     if (a.isTensor()) tensor(a.toTensor());
     else if (a.isBool()) mix(a.toBool() ? 3 : 5);
-    else if (a.isInt()) mix(int_values ? static_cast<uint64_t>(a.toInt()) * 7 + 11 : 13);
+    else if (a.isInt()) mix(int_values ? static_cast<uint64_t>(a.toInt()) * 7 + 11 : 13 + 64 * int_class(a.toInt()));
+    else if (a.isDouble()) mix(31 + 1024 * double_class(a.toDouble()));
+    else if (a.isComplexDouble()) {
+      const auto z = a.toComplexDouble();
+      mix(37 + 1024 * (double_class(z.real()) + 1024 * double_class(z.imag())));
+    }
     else if (a.isString()) mix(std::hash<std::string>()(a.toStringRef()));
     else if (a.isTensorList()) { mix(a.toTensorList().size()); for (const at::Tensor& t : a.toTensorList()) tensor(t); }
     else if (a.isList()) { for (const c10::IValue& e : a.toList()) if (e.isTensor()) tensor(e.toTensor()); else mix(e.isNone()); }
@@ -217,7 +279,7 @@ uint64_t argument_signature(c10::ArrayRef<c10::IValue> args, bool int_values) {
 } // namespace
 
 uint64_t verification_signature(c10::ArrayRef<c10::IValue> args) { return argument_signature(args, true); }
-uint64_t kernel_check_signature(c10::ArrayRef<c10::IValue> args) { return argument_signature(args, false); }
+uint64_t call_signature(c10::ArrayRef<c10::IValue> args) { return argument_signature(args, false); }
 
 bool results_match_meta(const OpPolicy& policy, c10::ArrayRef<c10::IValue> results, c10::ArrayRef<c10::IValue> meta) {
   for (size_t i = 0; i < results.size(); ++i) {

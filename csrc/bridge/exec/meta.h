@@ -61,12 +61,15 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
 // sizes and dtypes the meta pass predicted for each fresh result.
 uint64_t verification_signature(c10::ArrayRef<c10::IValue> args);
 // What decides whether the CPU kernel accepts a call without looking at the
-// data (the dtypes it is built for, flags, modes, strings, which arguments
-// are absent): the verification signature without integer values, so calls
-// that differ only in sizes, dims or offsets share it. The first call of each
-// runs synchronously, so that such errors are raised at the call with the
-// CPU's exception type (executor.cpp).
-uint64_t kernel_check_signature(c10::ArrayRef<c10::IValue> args);
+// data, and the metadata of its results: the dtypes it is built for, flags,
+// modes, strings, which arguments are absent, each tensor's layout class
+// (dimension order, size-0, size-1 and broadcast dimensions) and each
+// Scalar's value class (sign, zero, integral, finite, which dtypes hold it),
+// but not sizes or integer values, so that calls that differ only in sizes,
+// dims or offsets share it. The first call of each runs synchronously, so
+// that the kernel's checks raise at the call with the CPU's exception type,
+// and its results teach the layouts of later calls (call_verdicts.h).
+uint64_t call_signature(c10::ArrayRef<c10::IValue> args);
 bool results_match_meta(const OpPolicy& policy, c10::ArrayRef<c10::IValue> results, c10::ArrayRef<c10::IValue> meta);
 
 } // namespace torchneuron

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 
+#include "call_verdicts.h"
 #include "result_placement.h"
 
 namespace torchneuron {
@@ -87,6 +88,8 @@ const Rule kRules[] = {
     {"_scaled_dot_product_flash_attention_for_cpu_backward", kPlaceResults},
     {"convolution", kPlaceResults | kCpuAlgorithm}, {"convolution_backward", kPlaceResults | kCpuAlgorithm},
     {"_convolution", kCpuAlgorithm}, {"_convolution_double_backward", kCpuAlgorithm},
+    // std::ldexp where the device has an ldexp kernel, self * pow(2, other) elsewhere.
+    {"ldexp.Tensor", kCpuAlgorithm}, {"ldexp.out", kCpuAlgorithm}, {"ldexp_", kCpuAlgorithm},
     // The Python meta function gives its result the gradient's strides, and
     // the CPU out= kernel then writes a transposed gradient as if it were
     // contiguous; the functional kernel plus a copy is right for any strides.

@@ -40,6 +40,7 @@
 namespace torchneuron {
 
 class PlacementHistory;
+struct CallVerdict;
 
 enum class Fusion : uint8_t { None, Elementwise, Rowwise };
 
@@ -91,8 +92,8 @@ struct OpPolicy {
     std::atomic<bool> no_meta{false};                 // a meta pass refused it for good
     std::mutex mu;
     std::unordered_map<uint64_t, bool> meta_agrees;   // verify_meta: signature -> verdict
-    std::unordered_set<uint64_t> kernel_accepted;     // kernel_check_signature of calls that ran
-    std::atomic<uint64_t> last_accepted{0};           // the newest of them, checked without the lock
+    std::unordered_map<uint64_t, std::unique_ptr<const CallVerdict>> verdicts;  // call_signature -> its first call's verdict
+    std::atomic<uint64_t> last_queued{0};             // the newest with a Queue verdict, checked without the lock
     std::unique_ptr<PlacementHistory> placement;      // place_results: which request is each result
   };
   mutable Learned learned;

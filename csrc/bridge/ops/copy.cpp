@@ -36,10 +36,20 @@ void enqueue_copy(rt::Stream& stream, at::Tensor dst, at::Tensor src) {
 } // namespace
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
-  if (dst.numel() == 0) return dst;
   const bool src_dev = self.device().type() == kNeuron, dst_dev = dst.device().type() == kNeuron;
   TORCH_CHECK((src_dev || self.is_cpu()) && (dst_dev || dst.is_cpu()),
               "copy between ", self.device(), " and ", dst.device(), " is not supported by neuron");
+  // The CPU copy's shape check, at the call wherever the copy runs.
+  const auto shape = at::infer_size_dimvector(dst.sizes(), self.sizes());
+  TORCH_CHECK(c10::IntArrayRef(shape) == dst.sizes(), "output with shape ", dst.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  if (dst.numel() == 0) return dst;
+  // And its early return for a copy of the same data onto itself, before any
+  // overlap check (an expanded tensor's view copied onto itself).
+  if (self.is_alias_of(dst) && self.storage_offset() == dst.storage_offset() && self.strides() == dst.strides() &&
+      self.sizes() == dst.sizes() && self.scalar_type() == dst.scalar_type() && self.is_conj() == dst.is_conj() &&
+      self.is_neg() == dst.is_neg())
+    return dst;
   if (src_dev && dst_dev) {
     // The checks of the CPU's copy, at the call as there: the device tensors
     // share what their memory shares.

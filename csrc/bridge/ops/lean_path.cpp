@@ -80,8 +80,18 @@ struct LeanTask {
   }
 };
 
+// A non-empty neuron tensor with row-major strides, size-1 dimensions' too
+// (the CPU's kernels lay results out after them, and give empty results
+// other strides), and no conj or neg bit.
 bool plain(const at::Tensor& t) {
-  return t.defined() && t.device().type() == kNeuron && t.is_contiguous() && !t.is_conj() && !t.is_neg();
+  if (!t.defined() || t.device().type() != kNeuron || !t.is_contiguous() || t.is_conj() || t.is_neg() ||
+      t.numel() == 0)
+    return false;
+  const auto sizes = t.sizes(), strides = t.strides();
+  int64_t step = 1;
+  for (size_t d = sizes.size(); d-- > 0; step *= sizes[d])
+    if (strides[d] != step) return false;
+  return true;
 }
 
 // Whether a call on `a` (and `b`) can take the lean path: see the top.
@@ -346,10 +356,11 @@ at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) {
   return op.boxed(self, other);
 }
 
-// ATen's CPU relu is clamp_min(self, 0) once it has refused bool.
+// ATen's CPU relu is clamp_min(self, 0) once it has refused bool (and clamp_min
+// refuses complex).
 at::Tensor relu(const at::Tensor& self) {
   static const Op op("aten::relu", "");
-  if (lean_operands(self) && self.scalar_type() != at::kBool)
+  if (lean_operands(self) && self.scalar_type() != at::kBool && !self.is_complex())
     return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor&) { at::cpu::clamp_min_out(o, a, 0); },
                   self);
   return op.boxed(self);

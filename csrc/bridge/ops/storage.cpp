@@ -95,9 +95,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef sym_size,
                           std::optional<c10::MemoryFormat> memory_format) {
   auto size = C10_AS_INTARRAYREF_SLOW(sym_size);
   for (auto s : size) TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
+  TORCH_CHECK(!memory_format || *memory_format != c10::MemoryFormat::Preserve, "Unsupported memory format",
+              *memory_format);
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
-  if (memory_format && *memory_format != c10::MemoryFormat::Preserve) impl->empty_tensor_restride(*memory_format);
+  if (impl->sizes() != size) impl->set_sizes_contiguous(size);  // as the CPU's: the same shape keeps its strides
+  if (memory_format) impl->empty_tensor_restride(*memory_format);
   size_t needed = at::detail::computeStorageNbytes(size, impl->strides(), self.itemsize(), impl->storage_offset());
   if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
   return self;
@@ -105,12 +107,13 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef sym_size,
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
-  TORCH_CHECK(source.device().type() == kNeuron, "set_: expected a neuron storage, got one on ", source.device());
-  size_t needed = at::detail::computeStorageNbytes(size, stride, self.itemsize(), storage_offset);
-  if (needed > source.nbytes()) resize_storage_bytes(source, needed);
-  auto* impl = self.unsafeGetTensorImpl();
-  impl->set_storage_keep_dtype(std::move(source));
-  impl->set_sizes_and_strides(size, stride, storage_offset);
+  // The CPU's checks (offset, lengths, device); it sets the storage. No
+  // strides (set_(storage, offset, size)) is row-major, as on the CPU.
+  at::native::checkSetStorage(self, source, storage_offset, size, stride);
+  const auto strides = stride.data() ? c10::DimVector(stride) : c10::contiguous_strides(size);
+  size_t needed = at::detail::computeStorageNbytes(size, strides, self.itemsize(), storage_offset);
+  if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
+  self.unsafeGetTensorImpl()->set_sizes_and_strides(size, strides, storage_offset);
   return self;
 }
 
