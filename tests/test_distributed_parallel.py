@@ -263,7 +263,8 @@ def _worker(rank, world, port, directory):
     torch.neuron.set_device(rank)
     dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=world)
     try:
-        r = {"mesh": _mesh_facts(world)}
+        r = {"mesh": _mesh_facts(world),
+             "default backend type": dist.distributed_c10d._get_default_group().name()}
         for device in ("neuron", "cpu"):
             r["fsdp mlp", device] = _train_mlp(device, "fsdp", rank, world)
             r["fsdp gpt", device] = _train_gpt(device, "fsdp", rank, world)
@@ -349,6 +350,11 @@ def test_fsdp2_cpu_offload_equals_no_offload(ranks):
     for r in ranks.values():
         assert r["fsdp mlp offload"][0] == r["fsdp mlp", "neuron"][0]
         _assert_states_equal(r["fsdp mlp offload"][1], r["fsdp mlp", "neuron"][1])
+
+
+def test_a_group_of_gloo_and_neuron_has_the_neuron_backend_as_default(ranks):
+    # PyTorch leaves UNDEFINED, a type no backend has (patch c10d-default-backend)
+    assert all(r["default backend type"] == "custom" for r in ranks.values())
 
 
 # ------------------------------------------------------------------ device mesh, DTensor
