@@ -4,6 +4,7 @@ two nodes made of network namespaces joined by a veth pair (each rank with
 its own address and GLOO_SOCKET_IFNAME, c10d rendezvous); both train as one
 process on the global batch. The namespaces are made and removed by the
 test, which is skipped, saying why, where they cannot be made."""
+import json
 import os
 import shutil
 import signal
@@ -141,3 +142,31 @@ def test_torchrun_two_nodes_in_network_namespaces(tmp_path, two_nodes):
     assert sorted(p["node"] for p in peers) == [0, 1]
     # one rank on each node, each with its own end of the pair as gloo's interface
     assert sorted(p["ifname"] for p in peers) == sorted(link for _, link, _ in two_nodes)
+
+
+EXAMPLE = os.path.join(ROOT, "examples", "train_distributed.py")
+EXAMPLE_ARGS = dict(steps=3, n_layer=1, n_head=2, d_model=32, block_size=16, batch_size=8, warmup_steps=1)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp"])
+def test_example_train_distributed_under_torchrun(tmp_path, mode):
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in EXAMPLE_ARGS.items()]
+    proc = _launch(_torchrun("--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+                             EXAMPLE, f"--mode={mode}", f"--out={tmp_path}", *flags))
+    (out,) = _finish([proc])
+    with open(tmp_path / "summary.json") as f:
+        summary = json.load(f)
+    assert (tmp_path / "loss_curve.png").stat().st_size > 0
+    assert "max relative loss difference" in out
+    assert summary["mode"] == mode and summary["world_size"] == 2
+    got = summary["runs"]["distributed"]
+    # the demo's own loop in this process, on the global batch
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import gpt_model as gm
+
+    mc = gm.GPTConfig(**{k: EXAMPLE_ARGS[k] for k in ("n_layer", "n_head", "d_model", "block_size")})
+    tc = gm.TrainConfig(**{k: EXAMPLE_ARGS[k] for k in ("steps", "batch_size", "warmup_steps")})
+    single = gm.train("neuron", seed=1337, model_config=mc, train_config=tc, keep_model=False)
+    assert got["losses"] == pytest.approx(single.losses, rel=1e-6)
+    assert got["val_loss"] == pytest.approx(single.val_loss, rel=1e-6)
+    assert summary["runs"]["single"]["losses"] == pytest.approx(single.losses, rel=1e-6)
