@@ -452,3 +452,46 @@ def test_checkpoint_saved_on_neuron_reads_in_one_process(ranks, tmp_path_factory
     _assert_states_equal(nrn["model"], cpu["model"])
     expected = {k: v for k, v in ranks[0]["dcp"]["saved"]["cpu"].items() if not k.startswith("optim ")}
     _assert_states_equal(nrn["model"], expected)
+
+
+# ------------------------------------------------------------------ a group bound to its device
+
+def _bound_worker(rank, world, port):
+    """init_process_group with device_id (as NCCL users pass it): DeviceMesh
+    then makes the sub-groups of a 2-D mesh with split_group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.neuron.set_device(rank)
+    dist.init_process_group("neuron", rank=rank, world_size=world, device_id=torch.device("neuron", rank))
+    try:
+        def mesh_2d():
+            mesh = init_device_mesh("neuron", (1, world), mesh_dim_names=("dp", "tp"))
+            t = torch.full((2,), float(rank + 1), device="neuron")
+            dist.all_reduce(t, group=mesh["tp"].get_group())
+            return t.cpu()
+        return {"bound": str(dist.distributed_c10d._get_default_group().bound_device_id),
+                "1-d mesh": init_device_mesh("neuron", (world,)).size(),
+                "2-d mesh": attempt(mesh_2d),
+                "split_group": attempt(lambda: dist.split_group(split_ranks=[[0, 1]]) is not None)}
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def bound_ranks():
+    return spawn_ranks(_bound_worker, WORLD)
+
+
+def test_a_group_bound_to_its_device_makes_a_1d_mesh(bound_ranks):
+    for rank, r in bound_ranks.items():
+        assert r["bound"] == f"neuron:{rank}" and r["1-d mesh"] == WORLD
+
+
+@pytest.mark.xfail(strict=True, raises=RuntimeError,
+                   reason="C++ gap: the neuron backend does not support splitting (no supportsSplitting/split), "
+                          "which split_group, and so DeviceMesh's sub-groups of a bound group, need")
+def test_a_group_bound_to_its_device_makes_a_2d_mesh(bound_ranks):
+    for r in bound_ranks.values():
+        assert torch.equal(value_of(r["2-d mesh"]), torch.full((2,), 3.0))
+        assert value_of(r["split_group"]) is True
