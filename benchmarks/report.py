@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import lockin, profiler
+from . import distributed, lockin, profiler
 from .common import fmt_bytes, fmt_time
 
 TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX, COMPILED_MIN = 1.5, 0.95, 1.0, 1.3, 1.0
@@ -37,7 +37,7 @@ def targets(res: dict) -> list[dict]:
             add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
                 r["speed_vs_cpu"] >= E2E_MIN)
     rows += compiled_targets(res)
-    rows += profiler.targets(res) + lockin.targets(res)
+    rows += profiler.targets(res) + lockin.targets(res) + distributed.targets(res)
     hf = res.get("huggingface", {})
     for w, r in hf.items():
         if "speed_vs_cpu" in r:
@@ -304,6 +304,8 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         s.append(f"## torchneuron-lockin\n\n{a['lines']:,} lines of installed transformers and accelerate "
                  f"source analysed at {a['lines_per_second']:,.0f} lines per second: {a['tying_lines']} lines "
                  "tie them to one vendor.\n")
+    if "distributed" in res:
+        s.append(distributed.markdown(res["distributed"]))
     if not smoke and os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
             s.append("\n" + f.read())

@@ -19,13 +19,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from benchmarks import (compiled, end_to_end, huggingface, large_ops, limits, lockin, memory,  # noqa: E402
-                        nki_kernels, profile_host, profiler, report, tiny_ops)
+from benchmarks import (compiled, distributed, end_to_end, huggingface, large_ops, limits, lockin,  # noqa: E402
+                        memory, nki_kernels, profile_host, profiler, report, tiny_ops)
 from benchmarks.common import Config, machine  # noqa: E402
 
 GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end,
           "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "compiled": compiled,
-          "huggingface": huggingface, "profiler": profiler, "lockin": lockin}
+          "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed}
 
 
 def main(argv=None) -> dict:

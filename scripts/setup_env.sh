@@ -33,6 +33,12 @@ if ! command -v ccache >/dev/null || ! command -v ninja >/dev/null || ! command 
   apt_install ccache ninja-build cmake
 fi
 
+# iproute2's ip: the multi-node torchrun test's network namespaces (tests/test_distributed_launch.py).
+if ! command -v ip >/dev/null; then
+  echo "[setup] installing iproute2 (apt)"
+  apt_install iproute2
+fi
+
 # Chromium and its WebDriver: the explorer's browser test (tests/explorer/).
 if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
   echo "[setup] installing chromium and chromium-driver (apt)"

@@ -50,11 +50,14 @@ def test_benchmark_smoke_run(tmp_path):
     breakdown = hf["first_call"]["gpt_forward"]["neuron_breakdown"]
     assert breakdown["first"]["meta_signatures"] > 0 and breakdown["top_ops_by_extra_host_time"]
     assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "fusion", "end to end", "memory",
-                                                    "compiled", "huggingface", "profiler", "lockin"}
+                                                    "compiled", "huggingface", "profiler", "lockin",
+                                                    "distributed"}
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md
     assert "NKI kernels on the emulator" in md and "## Hugging Face models" in md
+    assert "## torch.distributed all_reduce" in md
+    assert all(r["equal_results"] and r["neuron_s"] > 0 for r in res["distributed"]["all_reduce"]["sizes"].values())
     for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "nki_kernels.png", "compiled.png",
                 "huggingface.png"):
         assert (tmp_path / png).stat().st_size > 0

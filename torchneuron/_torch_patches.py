@@ -25,6 +25,8 @@ patch                                   target
                                         wrapped in ``torch.compiler.disable``
 ``set-num-threads``                     ``torch.set_num_threads``, which also tells the
                                         device the count
+``c10d-default-backend``                ``torch.distributed.distributed_c10d._new_process_group_helper``:
+                                        a group with the neuron backend has it as default
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -430,3 +432,65 @@ _register(
         "threads run with the count the host's CPU work uses, which only this call tells. "
         "PyTorch has no hook for it.",
     check=_check_set_num_threads, apply=_apply_set_num_threads)
+
+
+# --------------------------------------------------------------------------- c10d-default-backend
+
+_C10D = "torch.distributed.distributed_c10d"
+
+
+def _check_c10d_default_backend() -> None:
+    name = "c10d-default-backend"
+    c10d = _module(name, _C10D)
+    helper = _require(name, c10d, "_new_process_group_helper", _C10D)
+    _require_params(name, helper, f"{_C10D}._new_process_group_helper",
+                    ("group_size", "group_rank", "global_ranks_in_group", "backend"))
+    for attr in ("_set_default_backend", "name"):
+        _require(name, c10d.ProcessGroup, attr, f"{_C10D}.ProcessGroup")
+    if not hasattr(c10d.ProcessGroup.BackendType, "CUSTOM"):
+        _fail(name, "ProcessGroup.BackendType.CUSTOM no longer exists")
+    config = getattr(c10d, "BackendConfig", None)
+    if config is None or not callable(getattr(config, "get_device_backend_map", None)):
+        _fail(name, f"{_C10D}.BackendConfig.get_device_backend_map no longer exists")
+    mapped = c10d.BackendConfig(c10d.Backend("cpu:gloo,neuron:neuron")).get_device_backend_map()
+    if mapped != {"cpu": "gloo", "neuron": "neuron"}:
+        _fail(name, f"BackendConfig maps 'cpu:gloo,neuron:neuron' to {mapped}, expected "
+                    "{'cpu': 'gloo', 'neuron': 'neuron'}")
+
+
+def _apply_c10d_default_backend() -> None:
+    import torch.distributed.distributed_c10d as c10d
+
+    def make(original):
+        signature = inspect.signature(original)
+
+        def _new_process_group_helper(*args, **kwargs):
+            result = original(*args, **kwargs)
+            pg = result[0]
+            backend = signature.bind(*args, **kwargs).arguments["backend"]
+            if isinstance(pg, c10d.ProcessGroup):
+                mapped = set(c10d.BackendConfig(c10d.Backend(str(backend))).get_device_backend_map().values())
+                if "neuron" in mapped and c10d.Backend.NCCL not in mapped:
+                    pg._set_default_backend(c10d.ProcessGroup.BackendType.CUSTOM)
+            return result
+        _new_process_group_helper.__doc__ = original.__doc__
+        return _new_process_group_helper
+
+    _replace(c10d, "_new_process_group_helper", make)
+
+
+_register(
+    "c10d-default-backend",
+    target=f"{_C10D}._new_process_group_helper, wrapped: a group whose devices map to the neuron "
+           "backend (and none to NCCL) gets the custom backend type as its default, when torchneuron "
+           "loads",
+    why="A group's default backend type is what the DDP logger, _has_hooks and the sequence numbers "
+        "look up. PyTorch sets it to GLOO for init_process_group() with no backend unless NCCL is "
+        "mapped, though the group then holds only the neuron backend, so DDP's constructor fails "
+        "('Could not find backend type 1 for Process Group with name gloo'); for a list such as "
+        "'cpu:gloo,neuron:neuron' it compares Backend._plugins' upper-case names with the map's "
+        "lower-case ones, never matches and leaves UNDEFINED, which no backend has ('No backend of "
+        "type 0 found' at destroy_process_group). The type PyTorch means to set there, as NCCL for "
+        "CUDA, is the device backend's: CUSTOM. It is fixed after the group is made, before anything "
+        "reads it; there is no hook for it.",
+    check=_check_c10d_default_backend, apply=_apply_c10d_default_backend)

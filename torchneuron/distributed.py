@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from . import _C
+from . import _C, _torch_patches
 
 
 def _create_backend(options, _backend_options=None):
@@ -24,3 +24,5 @@ def register() -> None:
         return
     # devices is a list: a string would be taken character by character.
     dist.Backend.register_backend("neuron", _create_backend, extended_api=True, devices=["neuron"])
+    # a group of the neuron backend names it as its default (what DDP's logger looks up)
+    _torch_patches.apply("c10d-default-backend")

@@ -1,0 +1,173 @@
+"""torch.distributed's all_reduce on `neuron` against gloo on CPU tensors:
+bus bandwidth from 4 KiB to 256 MiB (float32, SUM) on two spawned ranks of one
+"cpu:gloo,neuron:neuron" group, so both run the same gloo algorithm; the
+neuron backend runs it on host views of device memory, so the target is at
+least 0.95x gloo's bandwidth at every size.
+
+Each repeat starts both ranks together (a barrier) and times one all_reduce
+until its result is on the device; the two backends alternate repeat by
+repeat, so drift on a shared machine hits both. Per size: the median time of
+each, the bus bandwidth (2 (n - 1) / n bytes per rank, NCCL's convention for
+all_reduce), and neuron's bandwidth over gloo's.
+
+    .venv/bin/python benchmarks/distributed.py [--smoke]
+
+A group in benchmarks/run.py's sense: ``STEPS``, ``run(cfg, bar)``, and
+``targets(results)`` for the targets table.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BANDWIDTH_RATIO_MIN = 0.95
+WORLD = 2
+STEPS = 1
+KiB, MiB = 1024, 1024 * 1024
+
+
+def sizes(smoke: bool) -> list[int]:
+    """Bytes per rank: powers of 4 from 4 KiB to 256 MiB (smoke: three, to 256 KiB)."""
+    top = 256 * KiB if smoke else 256 * MiB
+    out, n = [], 4 * KiB
+    while n <= top:
+        out.append(n)
+        n *= 4 if not smoke else 8
+    return out
+
+
+def repeats_for(nbytes: int, smoke: bool) -> int:
+    if smoke:
+        return 3
+    return 21 if nbytes <= 1 * MiB else 9 if nbytes <= 16 * MiB else 5
+
+
+def _rank(rank, world, port, plan, queue):
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    import torchneuron  # noqa: F401
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.neuron.set_device(rank)
+    dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=world)
+    neuron = torch.device("neuron", rank)
+    try:
+        out = {}
+        for nbytes, repeats in plan:
+            tensors = {"gloo": torch.ones(nbytes // 4), "neuron": torch.ones(nbytes // 4, device=neuron)}
+
+            def once(t):
+                dist.barrier()
+                t0 = time.perf_counter()
+                dist.all_reduce(t)
+                if t.device.type == "neuron":
+                    torch.neuron.synchronize(neuron)
+                return time.perf_counter() - t0
+
+            for t in tensors.values():  # warm-up: gloo's pairs, the allocator's blocks
+                once(t)
+            samples = {k: [] for k in tensors}
+            for _ in range(repeats):
+                for k, t in tensors.items():
+                    samples[k].append(once(t))
+            # every rank must agree on the result: the slowest rank's time is the collective's
+            gathered = [None] * world
+            dist.all_gather_object(gathered, samples)
+            per_repeat = {k: [max(g[k][i] for g in gathered) for i in range(repeats)] for k in tensors}
+            factor = 2 * (world - 1) / world
+            r = {"bytes": nbytes, "repeats": repeats}
+            for k, ts in per_repeat.items():
+                r[f"{k}_s"] = statistics.median(ts)
+                r[f"{k}_busbw_GBps"] = factor * nbytes / r[f"{k}_s"] / 1e9
+            r["ratio_busbw"] = r["neuron_busbw_GBps"] / r["gloo_busbw_GBps"]
+            # the two results agree: same algorithm, same data
+            r["equal_results"] = bool(torch.equal(tensors["neuron"].cpu(), tensors["gloo"]))
+            out[nbytes] = r
+            del tensors
+        if rank == 0:
+            queue.put(out)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(smoke: bool) -> dict:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plan = [(n, repeats_for(n, smoke)) for n in sizes(smoke)]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, WORLD, port, plan, queue)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    try:
+        result = queue.get(timeout=1800)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return {"world_size": WORLD, "dtype": "float32", "sizes": {_label(n): r for n, r in result.items()}}
+
+
+def _label(nbytes: int) -> str:
+    return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
+
+
+def run(cfg, bar) -> dict:
+    out = {"all_reduce": measure(cfg.smoke)}
+    bar.update(1)
+    return out
+
+
+def targets(res: dict) -> list[dict]:
+    r = res.get("distributed", {}).get("all_reduce")
+    if r is None:
+        return []
+    return [{"group": "distributed", "name": f"all_reduce {label}",
+             "figure": "neuron bus bandwidth / gloo's on CPU tensors", "value": s["ratio_busbw"],
+             "threshold": f">= {BANDWIDTH_RATIO_MIN}", "met": bool(s["ratio_busbw"] >= BANDWIDTH_RATIO_MIN)}
+            for label, s in r["sizes"].items()]
+
+
+def markdown(res: dict) -> str:
+    r = res["all_reduce"]
+    rows = [f"| {label} | {s['gloo_busbw_GBps']:.3f} | {s['neuron_busbw_GBps']:.3f} | {s['ratio_busbw']:.2f} |"
+            for label, s in r["sizes"].items()]
+    return ("## torch.distributed all_reduce\n\nBus bandwidth (GB/s) of a float32 SUM on "
+            f"{r['world_size']} ranks of one process group (benchmarks/distributed.py): gloo on CPU tensors "
+            "and the neuron backend (gloo on host views of device memory); median over repeats.\n\n"
+            "| bytes per rank | gloo, CPU tensors | neuron | neuron / gloo |\n|---|---|---|---|\n"
+            + "\n".join(rows) + "\n")
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    from benchmarks.common import Config
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args()
+
+    class _Bar:
+        def update(self, n):
+            pass
+
+    result = {"distributed": run(Config(smoke=args.smoke), _Bar())}
+    print(json.dumps(result, indent=1))
+    for t in targets(result):
+        print(f"{t['name']}: {t['value']:.2f} {t['figure']} (target {t['threshold']}): "
+              f"{'met' if t['met'] else 'NOT met'}")

@@ -1,0 +1,84 @@
+"""Helpers of the torch.distributed tests: spawned ranks that report back,
+and attempts whose failure is a result rather than an exception."""
+import io
+import queue as queue_module
+import socket
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(target, world: int, *args, timeout: float = 150) -> dict:
+    """Runs ``target(rank, world, port, *args)`` in ``world`` spawned
+    processes; returns {rank: what the rank returned}. Results travel as
+    ``torch.save`` bytes (a rank ends before the parent reads them, so no
+    shared tensors). A rank that dies or raises fails at once, not at the
+    timeout, with its traceback."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_run_rank, args=(target, rank, world, port, args, results)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    got, errors = {}, {}
+    try:
+        import time
+        deadline = time.monotonic() + timeout
+        while len(got) + len(errors) < world:
+            try:
+                rank, ok, payload = results.get(timeout=1)
+            except queue_module.Empty:
+                dead = [p.exitcode for p in procs if not p.is_alive() and p.exitcode != 0]
+                assert not dead, f"a rank died with exit code {dead}; reported: {sorted(got)}, errors: {errors}"
+                assert time.monotonic() < deadline, f"ranks still running after {timeout} s; reported: {sorted(got)}"
+                continue
+            if ok:
+                got[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            else:
+                errors[rank] = payload
+        assert not errors, "\n".join(f"rank {r}:\n{tb}" for r, tb in sorted(errors.items()))
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0, [q.exitcode for q in procs]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+    return got
+
+
+def _run_rank(target, rank, world, port, args, results):
+    import torchneuron  # noqa: F401
+
+    try:
+        value = target(rank, world, port, *args)
+        buffer = io.BytesIO()
+        torch.save(value, buffer)
+        results.put((rank, True, buffer.getvalue()))
+    except BaseException:  # noqa: BLE001  (reported to the parent, which fails the test)
+        results.put((rank, False, traceback.format_exc()))
+        raise
+
+
+def attempt(fn, *args, **kwargs) -> dict:
+    """``fn``'s value, or the exception it raised (type name and message), so
+    that a rank can report a known failure and go on with the next part."""
+    try:
+        return {"value": fn(*args, **kwargs)}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def value_of(result: dict):
+    """The value an :func:`attempt` returned; raises RuntimeError with the
+    rank's error if it failed (what a strict xfail expects)."""
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result["value"]
