@@ -110,6 +110,28 @@ def _collectives(rank, size):
         return [t]
     both("send, recv", send_recv)
 
+    def premul_sum(d):
+        # gloo refuses PREMUL_SUM: the neuron backend pre-scales and sums, the CPU reference
+        # scales by hand and sums on gloo
+        t, f = data.to(d) * 1, torch.tensor(0.25, dtype=torch.float32, device=d)
+        if t.device.type == "cpu":
+            t *= 0.5
+            dist.all_reduce(t)
+            u = data[: data.shape[0] // size] * 1
+            dist.reduce_scatter_tensor(u, data * f)
+            return [t, u]
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+        u = torch.empty(data.shape[0] // size, 3, device=d)
+        dist.reduce_scatter_tensor(u, data.to(d), op=dist._make_nccl_premul_sum(f))
+        return [t, u]
+    both("PREMUL_SUM", premul_sum)
+
+    def coalesced(d):
+        outs = [[torch.empty_like(data, device=d)] for _ in range(size)]  # per rank, per input
+        dist.all_gather_coalesced(outs, [data.to(d)])
+        return [out[0] for out in outs]
+    both("all_gather_coalesced", coalesced)
+
     def async_op(d):
         t = data.to(d) * 1
         work = dist.all_reduce(t, async_op=True)

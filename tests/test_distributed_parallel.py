@@ -14,7 +14,6 @@ ranks in one "cpu:gloo,neuron:neuron" group, each rank on its own device:
 * torch.distributed.checkpoint: sharded model and optimizer state saved on
   `neuron` and on the CPU, loaded across, equal to the CPU's.
 
-Known gaps of the C++ backend are strict xfails naming the missing call.
 """
 import os
 import sys
@@ -383,9 +382,6 @@ def test_dtensor_on_neuron_equals_the_full_tensor_and_the_cpu_mesh(ranks):
         assert torch.equal(nrn["sharded matmul"], full @ full.t())
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="C++ gap: the neuron backend has no reduce_scatter_tensor_coalesced, which "
-                          "functional reduce_scatter_tensor (DTensor's Partial -> Shard) calls")
 def test_dtensor_partial_to_shard(ranks):
     full = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     for rank, r in ranks.items():
@@ -489,8 +485,8 @@ def test_a_group_bound_to_its_device_makes_a_1d_mesh(bound_ranks):
 
 
 @pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="C++ gap: the neuron backend does not support splitting (no supportsSplitting/split), "
-                          "which split_group, and so DeviceMesh's sub-groups of a bound group, need")
+                   reason="gap: the neuron backend splits (gloo's split), but split_group copies the parent "
+                          "backend's `options`, which the Python binding of the neuron backend does not expose")
 def test_a_group_bound_to_its_device_makes_a_2d_mesh(bound_ranks):
     for r in bound_ranks.values():
         assert torch.equal(value_of(r["2-d mesh"]), torch.full((2,), 3.0))

@@ -85,6 +85,24 @@ struct Operands {
   }
 };
 
+// PREMUL_SUM, which gloo refuses: the inputs multiplied by its factor, then
+// SUM, as NCCL computes it. `in_place` collectives (all_reduce, reduce)
+// scale their own tensors, whose values the result replaces; the others
+// scale copies, leaving their inputs as they were.
+template <class Options>
+Options premultiplied(const Options& opts, std::vector<at::Tensor>& host_inputs, bool in_place) {
+  if (opts.reduceOp != c10d::ReduceOp::PREMUL_SUM) return opts;
+  auto* supplement = dynamic_cast<c10d::PreMulSumSupplement*>(opts.reduceOp.supplement_.get());
+  TORCH_CHECK(supplement, "neuron: a PREMUL_SUM reduction without its factor");
+  const at::Tensor& t = supplement->tensor_factor;
+  const at::Tensor factor = t.defined() ? (t.device().type() == kNeuron ? host_view(t) : t)
+                                        : at::scalar_tensor(supplement->double_factor, at::kDouble);
+  for (auto& x : host_inputs) x = in_place ? x.mul_(factor) : x.mul(factor);
+  Options sum = opts;
+  sum.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+  return sum;
+}
+
 std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& lists) {
   std::vector<at::Tensor> out;
   for (const auto& l : lists) out.insert(out.end(), l.begin(), l.end());
@@ -95,6 +113,15 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& lists) 
 
 NeuronBackend::NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
     : c10d::Backend(rank, size), gloo_(std::move(gloo)) {}
+
+// A subgroup (split_group, a device mesh's dimensions): gloo's split, wrapped.
+c10::intrusive_ptr<c10d::Backend> NeuronBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                       const std::vector<int>& ranks,
+                                                       const c10::intrusive_ptr<Options>& opts) {
+  auto gloo = gloo_->split(store, ranks, opts);
+  if (!gloo) return nullptr;  // this rank is not in `ranks`
+  return c10::make_intrusive<NeuronBackend>(gloo, gloo->getRank(), gloo->getSize());
+}
 
 using c10d::OpType;
 using c10d::Work;
@@ -108,20 +135,23 @@ c10::intrusive_ptr<Work> NeuronBackend::broadcast(std::vector<at::Tensor>& tenso
 c10::intrusive_ptr<Work> NeuronBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   Operands o;
   auto views = o.view(tensors);
-  return o.work(gloo_->allreduce(views, opts), tensors, OpType::ALLREDUCE);
+  const auto sum = premultiplied(opts, views, true);
+  return o.work(gloo_->allreduce(views, sum), tensors, OpType::ALLREDUCE);
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceCoalescedOptions& opts) {
   Operands o;
   auto views = o.view(tensors);
-  return o.work(gloo_->allreduce_coalesced(views, opts), tensors, OpType::ALLREDUCE_COALESCED);
+  const auto sum = premultiplied(opts, views, true);
+  return o.work(gloo_->allreduce_coalesced(views, sum), tensors, OpType::ALLREDUCE_COALESCED);
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   Operands o;
   auto views = o.view(tensors);
-  return o.work(gloo_->reduce(views, opts), tensors, OpType::REDUCE);
+  const auto sum = premultiplied(opts, views, true);
+  return o.work(gloo_->reduce(views, sum), tensors, OpType::REDUCE);
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -149,6 +179,15 @@ c10::intrusive_ptr<Work> NeuronBackend::allgather_into_tensor_coalesced(std::vec
   return o.work(gloo_->allgather_into_tensor_coalesced(out, in, opts), outputs, OpType::COALESCED);
 }
 
+c10::intrusive_ptr<Work> NeuronBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                          std::vector<at::Tensor>& inputs,
+                                                          const c10d::AllgatherOptions& opts) {
+  Operands o;
+  auto in = o.view(inputs);
+  auto out = o.view(outputs);
+  return o.work(gloo_->allgather_coalesced(out, in, opts), flat(outputs), OpType::ALLGATHER_COALESCED);
+}
+
 c10::intrusive_ptr<Work> NeuronBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                              std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   Operands o;
@@ -172,15 +211,31 @@ c10::intrusive_ptr<Work> NeuronBackend::reduce_scatter(std::vector<at::Tensor>& 
   Operands o;
   auto out = o.view(outputs);
   auto in = o.view(inputs);
-  return o.work(gloo_->reduce_scatter(out, in, opts), outputs, OpType::REDUCE_SCATTER);
+  std::vector<at::Tensor> scaled = flat(in);
+  const auto sum = premultiplied(opts, scaled, false);
+  if (sum.reduceOp != opts.reduceOp)
+    for (size_t i = 0, k = 0; i < in.size(); ++i)
+      for (auto& x : in[i]) x = scaled[k++];
+  return o.work(gloo_->reduce_scatter(out, in, sum), outputs, OpType::REDUCE_SCATTER);
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::ReduceScatterOptions& opts) {
   Operands o;
   auto out = o.view(output);
-  auto in = o.view(input);
-  return o.work(gloo_->_reduce_scatter_base(out, in, opts), {output}, OpType::_REDUCE_SCATTER_BASE);
+  std::vector<at::Tensor> in{o.view(input)};
+  const auto sum = premultiplied(opts, in, false);
+  return o.work(gloo_->_reduce_scatter_base(out, in[0], sum), {output}, OpType::_REDUCE_SCATTER_BASE);
+}
+
+c10::intrusive_ptr<Work> NeuronBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                      std::vector<at::Tensor>& inputs,
+                                                                      const c10d::ReduceScatterOptions& opts) {
+  Operands o;
+  auto out = o.view(outputs);
+  auto in = o.view(inputs);
+  const auto sum = premultiplied(opts, in, false);
+  return o.work(gloo_->reduce_scatter_tensor_coalesced(out, in, sum), outputs, OpType::COALESCED);
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
