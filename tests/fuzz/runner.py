@@ -436,8 +436,8 @@ def _compare_aliasing(cpu, dev):
 # ------------------------------------------------------------------------------------------- eager paths
 def check(program: Program) -> list:
     """The mismatches of `program` between the CPU and neuron, on its path's profile. neuron runs it
-    twice: the executor runs the first call of each kernel-check signature synchronously (the CPU
-    kernel decides) and queues later ones (the meta pass decides), so the first run takes the paths
+    twice: the executor runs the first call of each call signature synchronously (the CPU
+    kernel decides) and queues later ones (as it taught), so the first run takes the paths
     a new program takes and the second those a program in a loop takes, whatever ran before in
     the process (a failure reproduces in a fresh one)."""
     if program.path == "compiled":

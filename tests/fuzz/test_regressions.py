@@ -6,9 +6,10 @@ the test XPASSes and fails loudly; then remove its xfail mark and the
 finding's entry in known_findings.py together. Tests without a mark guard
 findings that are fixed.
 
-The executor runs the first call of each kernel-check signature (dtypes,
-ranks, flags) synchronously, where the CPU kernel decides, and queues later
-calls, where the meta pass decides. So every case runs on neuron twice, and
+The executor runs the first call of each call signature (dtypes,
+ranks, layouts, value classes, flags) synchronously, where the CPU kernel
+decides, and queues later calls with what it taught (the meta pass's
+prediction, or the CPU's layouts). So every case runs on neuron twice, and
 both calls must match the CPU; a case whose check depends on values or sizes
 first makes a call of the same signature that the kernel accepts (`warm`).
 """
@@ -109,7 +110,7 @@ def test_kernel_checks_raise_at_the_call(case):
     same_outcome(fn, warm)
 
 
-VALUE_CHECKS = {  # (the call, a call of its kernel-check signature but another value the kernel accepts)
+VALUE_CHECKS = {  # (the call, a call of its call signature but another value the kernel accepts)
     "fill_ with a complex Scalar": (lambda d: torch.zeros(2, device=d).fill_(1 + 2j),
                                     lambda d: torch.zeros(2, device=d).fill_(0.5)),
     "setitem of a complex Scalar": (lambda d: torch.zeros(2, device=d).__setitem__(0, 1 + 2j),
@@ -132,7 +133,7 @@ def test_value_checks_raise_at_the_call_after_another_value(case):
     same_outcome(fn, warm)
 
 
-SIZE_CHECKS = {  # (the call, a call of its kernel-check signature but other sizes the kernel accepts)
+SIZE_CHECKS = {  # (the call, a call of its call signature but other sizes the kernel accepts)
     "index_put of a value of another size": (
         lambda d: torch.ones(3, device=d).__setitem__(torch.tensor([1, 2], device=d), torch.ones(3, device=d)),
         lambda d: torch.ones(3, device=d).__setitem__(torch.tensor([1, 2], device=d), torch.ones(2, device=d))),
@@ -152,7 +153,7 @@ def test_lean_relu_of_complex_raises_at_the_call():
     same_outcome(lambda d: torch.relu(torch.ones(3, dtype=torch.complex64, device=d)))
 
 
-OWN_MEMORY = {  # (the call, a call of its kernel-check signature the kernel accepts)
+OWN_MEMORY = {  # (the call, a call of its call signature the kernel accepts)
     "after an accepted call": (
         lambda d: (lambda x: x.__setitem__(torch.tensor([2], device=d), x))(torch.arange(3.0, device=d)),
         lambda d: torch.arange(5.0, device=d).index_put_((torch.tensor([0, 4], device=d),), torch.ones(2, device=d))),
