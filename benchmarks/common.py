@@ -111,3 +111,23 @@ def fmt_time(s: float) -> str:
     if s < 1:
         return f"{s * 1e3:.2f} ms"
     return f"{s:.2f} s"
+
+
+def run_alone(group: str, run: Callable, targets: Callable, value_format: str = ".2f") -> None:
+    """`python -m benchmarks.<group> [--smoke]`: one group's run, printed with its targets."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=f"the {group} benchmarks alone")
+    p.add_argument("--smoke", action="store_true")
+    args = p.parse_args()
+
+    class _NoProgress:
+        def update(self, n):
+            pass
+
+    result = {group: run(Config(smoke=args.smoke), _NoProgress())}
+    print(json.dumps(result, indent=1))
+    for t in targets(result):
+        print(f"{t['name']}: {t['value']:{value_format}} {t['figure']} (target {t['threshold']}): "
+              f"{'met' if t['met'] else 'NOT met'}")

@@ -77,21 +77,6 @@ def targets(res: dict) -> list[dict]:
 
 
 if __name__ == "__main__":
-    import argparse
-    import json
+    from benchmarks.common import run_alone
 
-    from benchmarks.common import Config
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--smoke", action="store_true")
-    args = p.parse_args()
-
-    class _Bar:
-        def update(self, n):
-            pass
-
-    result = {"lockin": run(Config(smoke=args.smoke), _Bar())}
-    print(json.dumps(result, indent=1))
-    for t in targets(result):
-        print(f"{t['name']}: {t['value']:,.0f} {t['figure']} (target {t['threshold']}): "
-              f"{'met' if t['met'] else 'NOT met'}")
+    run_alone("lockin", run, targets, value_format=",.0f")

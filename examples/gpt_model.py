@@ -288,6 +288,19 @@ class GPT(nn.Module):
         return logits, loss
 
 
+def print_table(names, rows) -> None:
+    """Prints `rows` of (label, one value per name) as a table with a column per name."""
+    w0 = max(len(r[0]) for r in rows)
+    widths = [max(len(n), *(len(r[1][i]) for r in rows)) for i, n in enumerate(names)]
+    line = "-" * (w0 + sum(w + 3 for w in widths))
+    print(line)
+    print(" " * w0 + "".join(f"   {n:>{w}}" for n, w in zip(names, widths)))
+    print(line)
+    for label, vals in rows:
+        print(f"{label:<{w0}}" + "".join(f"   {v:>{w}}" for v, w in zip(vals, widths)))
+    print(line)
+
+
 def fmt_bytes(n) -> str:
     if n is None:
         return "n/a"

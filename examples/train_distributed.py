@@ -180,15 +180,7 @@ def main(argv=None) -> int:
             ("final loss", [f"{r.losses[-1]:.6f}" for r in runs]),
             ("val loss", [f"{r.val_loss:.6f}" for r in runs])]
     names = [r.device for r in runs]
-    w0 = max(len(r[0]) for r in rows)
-    widths = [max(len(n), *(len(r[1][i]) for r in rows)) for i, n in enumerate(names)]
-    line = "-" * (w0 + sum(w + 3 for w in widths))
-    print(line)
-    print(" " * w0 + "".join(f"   {n:>{w}}" for n, w in zip(names, widths)))
-    print(line)
-    for label, vals in rows:
-        print(f"{label:<{w0}}" + "".join(f"   {v:>{w}}" for v, w in zip(vals, widths)))
-    print(line)
+    gm.print_table(names, rows)
     summary = {
         "torch_version": torch.__version__, "mode": args.mode, "world_size": world, "seed": args.seed,
         "model_config": vars(mc), "train_config": vars(tc),
