@@ -5,7 +5,6 @@ signatures and exception types."""
 import gc
 import inspect
 import sys
-import warnings
 
 import pytest
 import torch
@@ -130,9 +129,7 @@ def test_history_signatures_are_torch_cuda_s(name):
 
 
 def _record(*args, **kwargs):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # no stack traces (test_record_memory_history_warns_...)
-        torch.neuron.memory._record_memory_history(*args, **kwargs)
+    torch.neuron.memory._record_memory_history(*args, **kwargs)
 
 
 def _history(device=0):
@@ -188,20 +185,6 @@ def test_record_memory_history_modes():
         _record(None)
 
 
-def test_record_memory_history_warns_that_it_keeps_no_frames():
-    try:
-        with pytest.warns(UserWarning, match="without stack traces"):
-            torch.neuron.memory._record_memory_history()
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            torch.neuron.memory._record_memory_history(context=None)  # no frames asked for
-            torch.neuron.memory._record_memory_history(None)
-    finally:
-        _record(None)
-
-
-@pytest.mark.xfail(strict=True, reason="the allocator's history (csrc/bridge/allocator.cpp) records no stack "
-                                       "traces and _C._record_memory_history takes no context or stacks")
 @pytest.mark.parametrize("stacks", ["python", "all"])
 def test_record_memory_history_keeps_python_frames(stacks):
     try:
@@ -214,6 +197,44 @@ def test_record_memory_history_keeps_python_frames(stacks):
                 if e["action"] == "alloc" and e["addr"] == x.untyped_storage().data_ptr()]
     here = {"filename": __file__, "line": line, "name": "test_record_memory_history_keeps_python_frames"}
     assert any({k: f.get(k) for k in here} == here for f in alloc["frames"]), alloc["frames"]
+    if stacks == "all":  # C++ frames too: the allocator's own
+        assert any("allocate" in f["name"] for f in alloc["frames"] if f["filename"] != __file__), alloc["frames"]
+
+
+def _frames_of(snapshot, ptr):
+    """The frames of ptr's block, of its alloc event and of its free_requested event."""
+    (block,) = [b for s in snapshot["segments"] for b in s["blocks"] if b["address"] == ptr and
+                b["state"] == "active_allocated"] or [{"frames": None}]
+    events = {e["action"]: e["frames"] for e in snapshot["device_traces"][0] if e["addr"] == ptr}
+    return block["frames"], events.get("alloc"), events.get("free_requested")
+
+
+@pytest.mark.parametrize("context", [None, "state", "alloc", "all"])
+def test_record_memory_history_context_decides_which_frames_are_kept(context):
+    """As on CUDA: "state" keeps the frames of live blocks, "alloc" of allocation events too, "all" of frees too."""
+    _clean()
+    try:
+        _record(context=context)
+        x = torch.empty(3000, device="neuron")
+        ptr = x.untyped_storage().data_ptr()
+        block, _, _ = _frames_of(torch.neuron.memory._snapshot(), ptr)
+        del x
+        _, alloc, free = _frames_of(torch.neuron.memory._snapshot(), ptr)
+    finally:
+        _record(None)
+    assert (len(block) > 0, len(alloc) > 0, len(free) > 0) == {
+        None: (False, False, False), "state": (True, False, False), "alloc": (True, True, False),
+        "all": (True, True, True)}[context]
+
+
+def test_record_memory_history_legacy_form_keeps_frames():
+    try:
+        torch.neuron.memory._record_memory_history(True, trace_alloc_max_entries=100, trace_alloc_record_context=True)
+        x = torch.empty(3000, device="neuron")
+        _, alloc, _ = _frames_of(torch.neuron.memory._snapshot(), x.untyped_storage().data_ptr())
+    finally:
+        _record(None)
+    assert any(f["filename"] == __file__ for f in alloc)
 
 
 def test_snapshot_honours_its_device():

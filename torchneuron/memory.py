@@ -76,18 +76,14 @@ def _check_option(value: Any, name: str, valid: tuple, optional: bool) -> None:
         raise RuntimeError(f"expected {name} to be {choices}")
 
 
-def _set_history(enabled: bool, max_entries: int, skip_actions: Any, clear_history: bool) -> None:
+def _set_history(enabled: bool, context: str | None, stacks: str, max_entries: int, skip_actions: Any,
+                 clear_history: bool) -> None:
     global _history_max_entries, _history_skip_actions
     if clear_history:
         _C._record_memory_history(False)  # turning recording off clears the history
-    _C._record_memory_history(enabled)
+    _C._record_memory_history(enabled, context, stacks)
     _history_max_entries = max(1, max_entries)
     _history_skip_actions = frozenset(skip_actions or ())
-
-
-def _warn_no_frames() -> None:
-    warnings.warn("torch.neuron.memory._record_memory_history: the neuron allocator records events without "
-                  "stack traces; the snapshot's \"frames\" lists stay empty", UserWarning, stacklevel=4)
 
 
 def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> None:
@@ -102,12 +98,14 @@ def _record_memory_history(enabled: Any = "all", *args: Any, **kwargs: Any) -> N
     applies to every device (``device`` is accepted and, as on CUDA, unused),
     and stopping clears the history.
 
-    Not recorded: stack traces. The allocator keeps no frames, so ``context``
-    and ``stacks`` change nothing and every ``"frames"`` list is empty (a
-    warning says so when ``context`` asks for them); ``compile_context`` and
-    ``global_record_annotations`` have nothing to record either. The allocator
-    also keeps every event while recording: ``max_entries`` bounds what a
-    snapshot returns, not the memory the history takes.
+    Stack traces, as on CUDA: ``context="state"`` keeps them for live
+    allocations (the snapshot's blocks), ``"alloc"`` also for allocation
+    events, ``"all"`` also for frees; ``stacks="python"`` records Python
+    frames, ``"all"`` C++ frames too. Python frames are those of the thread
+    that allocates, while it holds the GIL. ``compile_context`` and
+    ``global_record_annotations`` have nothing to record. The allocator keeps
+    every event while recording: ``max_entries`` bounds what a snapshot
+    returns, not the memory the history takes.
     """
     if isinstance(enabled, bool):
         _record_memory_history_legacy(enabled, *args, **kwargs)
@@ -131,9 +129,8 @@ def _record_memory_history_impl(
     _check_option(stacks, "stacks", ("python", "all"), optional=False)
     if not isinstance(max_entries, int) or max_entries < 0:
         raise TypeError(f"_record_memory_history(): max_entries must be a non-negative int, got {max_entries!r}")
-    if enabled is not None and context is not None:
-        _warn_no_frames()
-    _set_history(enabled is not None, max_entries if enabled == "all" else 1, skip_actions, clear_history)
+    _set_history(enabled is not None, context, stacks, max_entries if enabled == "all" else 1, skip_actions,
+                 clear_history)
 
 
 _record_memory_history.__signature__ = inspect.signature(_record_memory_history_impl)
@@ -151,9 +148,11 @@ def _record_memory_history_legacy(
     global_record_annotations: bool = False,
     skip_actions: list[str] | None = None,
 ) -> None:
-    if enabled and (record_context or trace_alloc_record_context):
-        _warn_no_frames()
-    _set_history(enabled, trace_alloc_max_entries, skip_actions, clear_history)
+    # CUDA's legacy mapping: record_context keeps frames of live blocks,
+    # trace_alloc_record_context of allocation events too.
+    context = ("alloc" if trace_alloc_record_context else "state") if record_context else None
+    _set_history(enabled, context, "all" if record_context_cpp else "python", trace_alloc_max_entries, skip_actions,
+                 clear_history)
 
 
 def _dump_snapshot(filename: str = "neuron_memory_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:

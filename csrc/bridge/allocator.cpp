@@ -8,6 +8,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <memory>
@@ -45,6 +46,7 @@ struct Block {
   Block* next = nullptr;
   std::vector<int> used_on;  // other streams (record_stream)
   int pending_events = 0;    // events that must complete before reuse
+  HistoryContext context;    // where it was allocated, while a history records frames
 };
 
 struct BlockOrder {  // pools are searched by (stream, size), ties by address
@@ -92,9 +94,21 @@ void report_to_profiler(DeviceCache& c, const void* ptr, int64_t delta, int devi
                                    total(&DeviceStats::reserved_bytes), c10::Device(kNeuron, device));
 }
 
-void trace(DeviceCache& c, const char* action, const void* ptr, size_t size, int stream) {
+// The history's frame gathering, read without a lock on every allocation
+// and free: null unless a history records frames.
+std::atomic<GatherContextFn> gather_alloc_context{nullptr}, gather_free_context{nullptr};
+std::atomic<bool> alloc_events_keep_frames{false};
+
+HistoryContext gather(const std::atomic<GatherContextFn>& fn) {
+  GatherContextFn f = fn.load(std::memory_order_relaxed);
+  return f ? f() : nullptr;
+}
+
+void trace(DeviceCache& c, const char* action, const void* ptr, size_t size, int stream,
+           HistoryContext context = nullptr) {
   if (c.record_history)
-    c.history.push_back({action, reinterpret_cast<size_t>(ptr), size, stream, rt::now_ns() / 1000});
+    c.history.push_back(
+        {action, reinterpret_cast<size_t>(ptr), size, stream, rt::now_ns() / 1000, std::move(context)});
 }
 
 std::string mib(double bytes) {
@@ -190,7 +204,7 @@ char* map_segment(DeviceCache& c, int device, size_t seg, size_t size, std::uniq
   }
 }
 
-Block* malloc_block(int device, int stream, size_t requested) {
+Block* malloc_block(int device, int stream, size_t requested, HistoryContext context) {
   DeviceCache& c = cache(device);
   std::unique_lock<std::mutex> lock(c.mu);
   process_deferred(c, false);
@@ -218,7 +232,8 @@ Block* malloc_block(int device, int stream, size_t requested) {
     c.segments.insert(b);
     increase(c, large, &DeviceStats::segment, 1);
     increase(c, large, &DeviceStats::reserved_bytes, seg);
-    trace(c, "segment_alloc", b->ptr, seg, stream);
+    trace(c, "segment_alloc", b->ptr, seg, stream,
+          alloc_events_keep_frames.load(std::memory_order_relaxed) ? context : nullptr);
   }
   // Split off the remainder when it is worth keeping as a block of its own.
   if (size_t rest = b->size - size; large ? rest > kSmallRequest : rest >= kMinBlock) {
@@ -243,7 +258,8 @@ Block* malloc_block(int device, int stream, size_t requested) {
   increase(c, large, &DeviceStats::active, 1);
   increase(c, large, &DeviceStats::active_bytes, b->size);
   increase(c, large, &DeviceStats::requested_bytes, requested);
-  trace(c, "alloc", b->ptr, b->size, stream);
+  trace(c, "alloc", b->ptr, b->size, stream, alloc_events_keep_frames.load(std::memory_order_relaxed) ? context : nullptr);
+  b->context = std::move(context);
   report_to_profiler(c, b->ptr, static_cast<int64_t>(b->size), device);
   return b;
 }
@@ -254,13 +270,15 @@ void free_block(void* ctx) {
   // fused task produces need then never be written. Only single-stream
   // blocks: another stream may still read a recorded one.
   if (b->used_on.empty()) rt::device(b->device).stream(b->stream).notify_free(b->ptr, b->size);
+  HistoryContext context = gather(gather_free_context);
   DeviceCache& c = cache(b->device);
   std::lock_guard<std::mutex> lock(c.mu);
   b->allocated = false;
+  b->context.reset();
   decrease(c, b->large, &DeviceStats::allocation, 1);
   decrease(c, b->large, &DeviceStats::allocated_bytes, b->size);
   decrease(c, b->large, &DeviceStats::requested_bytes, b->requested);
-  trace(c, "free_requested", b->ptr, b->size, b->stream);
+  trace(c, "free_requested", b->ptr, b->size, b->stream, std::move(context));
   report_to_profiler(c, b->ptr, -static_cast<int64_t>(b->size), b->device);
   if (b->used_on.empty()) return release_block(c, b);
   // Used on other streams too: reusable once each of them reaches this point.
@@ -280,7 +298,7 @@ c10::DataPtr NeuronCachingAllocator::allocate(size_t nbytes) {
   ensure_initialized();
   if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(kNeuron, device));
   int stream = static_cast<int>(current_stream(device).id());
-  Block* b = translate_errors([&] { return malloc_block(device, stream, nbytes); });
+  Block* b = translate_errors([&] { return malloc_block(device, stream, nbytes, gather(gather_alloc_context)); });
   return c10::DataPtr(b->ptr, b, free_block, c10::Device(kNeuron, device));
 }
 
@@ -373,7 +391,7 @@ std::vector<SegmentSnapshot> NeuronCachingAllocator::snapshot() {
       SegmentSnapshot s{d, reinterpret_cast<size_t>(head->ptr), 0, 0, 0, 0, head->stream, head->large, {}};
       for (Block* b = head; b; b = b->next) {
         bool active = b->allocated || b->pending_events > 0;
-        s.blocks.push_back({b->size, b->allocated ? b->requested : 0, b->allocated, active});
+        s.blocks.push_back({b->size, b->allocated ? b->requested : 0, b->allocated, active, b->context});
         s.total_size += b->size;
         if (b->allocated) s.allocated_size += b->size, s.requested_size += b->requested;
         if (active) s.active_size += b->size;
@@ -392,12 +410,20 @@ std::vector<TraceSnapshot> NeuronCachingAllocator::trace(c10::DeviceIndex device
   return c.history;
 }
 
-void NeuronCachingAllocator::record_history(bool enabled) {
+void NeuronCachingAllocator::record_history(bool enabled, HistoryFrames frames, GatherContextFn gather) {
+  if (!enabled) frames = HistoryFrames::None;
+  gather_alloc_context.store(frames != HistoryFrames::None ? gather : nullptr);
+  gather_free_context.store(frames == HistoryFrames::All ? gather : nullptr);
+  alloc_events_keep_frames.store(frames == HistoryFrames::Alloc || frames == HistoryFrames::All);
   for (int d = 0; d < device_count(); ++d) {
     DeviceCache& c = cache(d);
     std::lock_guard<std::mutex> lock(c.mu);
     c.record_history = enabled;
-    if (!enabled) c.history.clear();
+    if (!enabled) {
+      c.history.clear();
+      for (Block* head : c.segments)
+        for (Block* b = head; b; b = b->next) b->context.reset();
+    }
   }
 }
 

@@ -14,14 +14,26 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace torchneuron {
 
+// Where an allocator event came from (a Python and C++ stack trace, for
+// torch.cuda.memory._record_memory_history's "frames"); gathered by a
+// function the Python binding installs, so the allocator needs no Python.
+using HistoryContext = std::shared_ptr<c10::GatheredContext>;
+using GatherContextFn = HistoryContext (*)();
+// Which frames a history keeps, as CUDA's `context` option: none, those of
+// live allocations (State), also those of allocation events (Alloc), and
+// also those of frees (All).
+enum class HistoryFrames { None, State, Alloc, All };
+
 struct BlockSnapshot {
   size_t size, requested_size;
   bool allocated, active;
+  HistoryContext context;  // the allocation's, while recording with frames
 };
 struct SegmentSnapshot {
   int device;
@@ -35,6 +47,7 @@ struct TraceSnapshot {  // allocator history for the memory visualizer
   size_t address, size;
   int stream;
   int64_t time_us;
+  HistoryContext context;
 };
 
 class NeuronCachingAllocator final : public c10::DeviceAllocator {
@@ -52,7 +65,9 @@ class NeuronCachingAllocator final : public c10::DeviceAllocator {
 
   std::vector<SegmentSnapshot> snapshot();
   std::vector<TraceSnapshot> trace(c10::DeviceIndex device);
-  void record_history(bool enabled);
+  // Starts (or, with enabled false, stops and clears) the history;
+  // `gather` (null: no frames) is called outside the allocator's locks.
+  void record_history(bool enabled, HistoryFrames frames = HistoryFrames::None, GatherContextFn gather = nullptr);
 };
 
 NeuronCachingAllocator& device_allocator();

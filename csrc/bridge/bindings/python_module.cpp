@@ -1,6 +1,7 @@
 // torchneuron._C: the few entry points the Python layer needs beyond what
 // PyTorch already routes through the guard, hooks and allocator.
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
 
@@ -21,6 +22,13 @@
 
 namespace py = pybind11;
 using namespace torchneuron;
+
+// From torch/csrc/profiler/python/combined_traceback.h, which the wheel
+// ships without the nlohmann/json header it includes.
+namespace torch {
+TORCH_API std::vector<pybind11::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
+TORCH_PYTHON_API void installCapturedTracebackPython();
+} // namespace torch
 
 namespace {
 
@@ -50,7 +58,42 @@ py::dict host_memory_stats() {
   return out;
 }
 
+// The allocator history's stack traces: Python frames on Python's own
+// threads (torch's gathering takes the GIL, which operator bindings have
+// released; executor threads, which have no Python thread state, never wait
+// for it), C++ frames too for stacks="all".
+HistoryContext gather_stack(bool cpp) {
+  const bool python = PyGILState_GetThisThreadState() != nullptr;
+  if (!python && !cpp) return nullptr;
+  return torch::CapturedTraceback::gather(python, python, cpp);
+}
+HistoryContext gather_python_stack() { return gather_stack(false); }
+HistoryContext gather_python_and_cpp_stack() { return gather_stack(true); }
+
+// Fills each dict's "frames" from its context, symbolizing all of them at once
+// (frames repeat across events).
+class FramesOfContexts {
+ public:
+  void add(py::dict d, const HistoryContext& context) {
+    if (!context) {
+      d["frames"] = py::list();
+      return;
+    }
+    dicts_.push_back(std::move(d));
+    tracebacks_.push_back(torch::getCapturedTracebackFromContext(context));
+  }
+  void fill() {
+    auto frames = torch::py_symbolize(tracebacks_);
+    for (size_t i = 0; i < dicts_.size(); ++i) dicts_[i]["frames"] = frames[i];
+  }
+
+ private:
+  std::vector<py::dict> dicts_;
+  std::vector<torch::CapturedTraceback*> tracebacks_;
+};
+
 py::dict memory_snapshot() {
+  FramesOfContexts frames;
   py::list segments;
   for (const auto& s : device_allocator().snapshot()) {
     py::list blocks;
@@ -61,7 +104,7 @@ py::dict memory_snapshot() {
       block["size"] = b.size;
       block["requested_size"] = b.requested_size;
       block["state"] = b.allocated ? "active_allocated" : b.active ? "active_pending_free" : "inactive";
-      block["frames"] = py::list();
+      frames.add(block, b.context);
       blocks.append(block);
       addr += b.size;
     }
@@ -90,11 +133,12 @@ py::dict memory_snapshot() {
       e["size"] = t.size;
       e["stream"] = t.stream;
       e["time_us"] = t.time_us;
-      e["frames"] = py::list();
+      frames.add(e, t.context);
       dev.append(e);
     }
     traces.append(dev);
   }
+  frames.fill();
   py::dict out;
   out["segments"] = segments;
   out["device_traces"] = traces;
@@ -146,7 +190,16 @@ PYBIND11_MODULE(_C, m) {
   m.def("_host_memory_stats", &host_memory_stats);  // host_allocator.h
   m.def("_reset_accumulated_host_memory_stats", [] { pinned_host_allocator().reset_accumulated_stats(); });
   m.def("_reset_peak_host_memory_stats", [] { pinned_host_allocator().reset_peak_stats(); });
-  m.def("_record_memory_history", [](bool enabled) { device_allocator().record_history(enabled); });
+  // context: None, "state", "alloc" or "all"; stacks: "python" or "all" (torch.cuda's options, checked by the caller).
+  m.def("_record_memory_history", [](bool enabled, std::optional<std::string> context, const std::string& stacks) {
+    const HistoryFrames frames = !context                ? HistoryFrames::None
+                               : *context == "state" ? HistoryFrames::State
+                               : *context == "alloc" ? HistoryFrames::Alloc
+                                                     : HistoryFrames::All;
+    if (frames != HistoryFrames::None) torch::installCapturedTracebackPython();
+    device_allocator().record_history(enabled, frames,
+                                      stacks == "all" ? gather_python_and_cpp_stack : gather_python_stack);
+  }, py::arg("enabled"), py::arg("context") = py::none(), py::arg("stacks") = "python");
   m.def("get_executed_ops", &executed_ops);
   m.def("get_fallback_ops", &fallback_ops);
   m.def("clear_op_tracking", &clear_op_tracking);
