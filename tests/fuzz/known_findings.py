@@ -67,16 +67,6 @@ def _median_of_zero_strides(statement, ns) -> bool:
             is not None and any(0 in t.stride() for t in _tensors(statement, ns)))
 
 
-def _empty_out_of_another_dtype(statement, ns) -> bool:
-    """An empty out= argument the call grows, of another dtype than the call computes in."""
-    m = re.search(r", out=torch\.empty\(0, dtype=(torch\.\w+), device=dev\)\)$", statement.code)
-    if not m:
-        return False
-    call = statement.code.split(" = ", 1)[1].replace(m.group(0)[:-1], "")
-    result = eval(call, dict(ns))  # noqa: S307 - the shadow run's own statement
-    return isinstance(result, torch.Tensor) and str(result.dtype) != m.group(1)
-
-
 def _compiled_argmin_of_8_bit(statement, ns) -> bool:
     return (re.search(r"arg(min|max)|\.max\(|\.min\(|torch\.(max|min)\(|sort|topk|kthvalue|median",
                                                  statement.code) is not None
@@ -89,19 +79,6 @@ def _shift_of_bool(statement, ns) -> bool:
 
 
 FINDINGS: list[Finding] = [
-    # A check the CPU kernel makes on sizes that the meta kernel does not (index_put's value
-    # against the indexed shape, a mask's shape), after the kernel accepted the call's signature
-    # with other sizes: the signature holds no sizes, so the call queues, and the error comes
-    # at the next synchronisation.
-    Finding("kernel checks deferred", "test_size_checks_raise_at_the_call_after_other_sizes",
-            cpu_error=r"shape mismatch: value tensor|does not match the shape of the indexed tensor"),
-    # An empty out= that the call grows, of another dtype than the call computes in (atan2 of
-    # int64 into complex64): the first call runs synchronously and the kernel grows the out, as
-    # on the CPU; later calls are queued with the out allocated beforehand (the CPU's layout,
-    # learnt), and ATen computes a cast result into an out it is given otherwise than into one
-    # it grows: 1 ulp in 2 of 56 elements (on the CPU alone too, preallocated against grown).
-    Finding("grown out= of another dtype", "test_empty_out_of_another_dtype_grows_as_on_the_cpu",
-            matches=_empty_out_of_another_dtype),
     # Undefined on the CPU, not neuron: an out= that is also an operand, resized by the call
     # (matmul(x, y, out=x)): the CPU's kernel reads the operand after resizing it, memory that a
     # growing resize left unwritten, and its BLAS writes what it reads, so the CPU's own result

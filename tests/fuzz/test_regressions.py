@@ -137,14 +137,20 @@ SIZE_CHECKS = {  # (the call, a call of its call signature but other sizes the k
     "index_put of a value of another size": (
         lambda d: torch.ones(3, device=d).__setitem__(torch.tensor([1, 2], device=d), torch.ones(3, device=d)),
         lambda d: torch.ones(3, device=d).__setitem__(torch.tensor([1, 2], device=d), torch.ones(2, device=d))),
+    "index_put_ accumulating a value of another size": (
+        lambda d: torch.ones(3, 2, device=d).index_put_((torch.tensor([0, 2], device=d),), torch.ones(3, 2, device=d),
+                                                        accumulate=True),
+        lambda d: torch.ones(3, 2, device=d).index_put_((torch.tensor([0, 2], device=d),), torch.ones(2, 2, device=d),
+                                                        accumulate=True)),
+    "a mask of another shape": (
+        lambda d: torch.ones(3, device=d).__setitem__(torch.tensor([True, False], device=d), torch.ones((), device=d)),
+        lambda d: torch.ones(2, device=d).__setitem__(torch.tensor([True, False], device=d), torch.ones((), device=d))),
 }
 
 
-@pytest.mark.xfail(strict=True, reason="finding 'kernel checks deferred': a check on sizes the meta kernel does not "
-                   "make (index_put's value against the indexed shape), after the kernel accepted the call's "
-                   "signature with other sizes: the call queues and raises at the next synchronisation")
 @pytest.mark.parametrize("case", SIZE_CHECKS)
 def test_size_checks_raise_at_the_call_after_other_sizes(case):
+    """Fixed: the meta pass makes the CPU kernel's checks its meta kernel lacks (exec/meta_checks.h)."""
     fn, warm = SIZE_CHECKS[case]
     same_outcome(fn, warm)
 
@@ -265,10 +271,9 @@ def test_dtypes_the_meta_kernel_gives_otherwise(case):
     same_outcome(META_DTYPES[case])
 
 
-@pytest.mark.xfail(strict=True, reason="finding 'grown out= of another dtype': a queued call allocates an empty "
-                   "out= beforehand (with the CPU's layout, learnt at the first call), and ATen computes a cast "
-                   "result into an out it is given otherwise than into one it grows (atan2 of int64 into complex64)")
 def test_empty_out_of_another_dtype_grows_as_on_the_cpu():
+    """Fixed: ATen computes a cast result into an out it is given otherwise than into one it grows (atan2 of
+    int64 into complex64); a queued call lets the kernel grow an empty out= of a dtype no operand has."""
     def atan2_into_complex(device):
         g = torch.Generator().manual_seed(1002588)
         x = torch.randint(-1000, 1000, (2, 2, 7, 2), generator=g).to(device).contiguous(memory_format=torch.channels_last)

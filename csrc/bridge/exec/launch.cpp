@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/TypeProperties.h>
 
 #include <mutex>
 #include <utility>
@@ -116,6 +117,8 @@ struct Launch {
   // oneDNN's training or inference LSTM by it), and the task runs on the
   // device's thread, whose own mode is the default.
   bool grad_enabled = true;
+  // out= arguments the kernel grows itself (grown_by_the_kernel).
+  c10::SmallVector<size_t, 2> grown_out;
 };
 
 // Recycled records. Each thread keeps its own few and trades them with the
@@ -147,6 +150,7 @@ class LaunchPool {
       v->values.clear();
       v->deferred.clear();
     }
+    l->grown_out.clear();
     Local& local = local_records();
     local.records.push_back(l);
     if (local.records.size() >= 2 * kBatch) give_back(local, kBatch);
@@ -197,6 +201,35 @@ class LaunchRef {
   Launch* p_;
 };
 
+// The empty floating-point out= arguments the call grows into another dtype
+// than its operands' result type. Given such an out, ATen computes
+// otherwise than into an out it grows (a cast result can differ in the last
+// bit), so the kernel gets an empty out to grow, as on the CPU, and the task
+// copies it into the memory allocated at the call.
+c10::SmallVector<size_t, 2> grown_by_the_kernel(const c10::OperatorHandle& op, const OpPolicy& policy,
+                                                c10::ArrayRef<c10::IValue> args,
+                                                const std::vector<at::Tensor>& meta_written) {
+  c10::SmallVector<size_t, 2> grown;
+  for (size_t k = 0; k < policy.written.size(); ++k) {
+    const size_t w = policy.written[k];
+    if (!op.schema().arguments()[w].is_out() || !args[w].isTensor() || !meta_written[k].defined()) continue;
+    const at::Tensor& out = args[w].toTensor();
+    if (!out.defined() || out.numel() != 0 || out.sizes() == meta_written[k].sizes() ||
+        !(at::isFloatingType(out.scalar_type()) || at::isComplexType(out.scalar_type())))
+      continue;
+    at::native::ResultTypeState operands;
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (policy.writes(i)) continue;
+      if (args[i].isScalar()) operands = at::native::update_result_type_state(args[i].toScalar(), operands);
+      else for_each_tensor(args[i], [&](const at::Tensor& t) {
+        if (t.defined()) operands = at::native::update_result_type_state(t, operands);
+      });
+    }
+    if (at::native::result_type(operands) != out.scalar_type()) grown.push_back(w);
+  }
+  return grown;
+}
+
 } // namespace
 
 void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
@@ -205,10 +238,11 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size(), r = schema.returns().size();
   auto args = torch::jit::last(*stack, n);
+  LaunchRef launch;
+  if (!policy.written.empty()) launch->grown_out = grown_by_the_kernel(op, policy, args, meta_written);
   for (size_t k = 0; k < policy.written.size(); ++k)
     if (meta_written[k].defined()) adopt_metadata(args[policy.written[k]].toTensor(), meta_written[k]);
 
-  LaunchRef launch;
   launch->grad_enabled = at::GradMode::is_enabled();
   TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
   c10::SmallVector<c10::IValue, 4> results(r);
@@ -250,7 +284,7 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
   const size_t fresh = outputs.values.size();
   auto out_op = all_defined && fresh == r && r > 0 ? policy.out_op : std::nullopt;
   rt::Stream& stream = current_runtime_stream(device);
-  if (policy.fusion != Fusion::None && large && all_defined && adaptive_eager_enabled()) {
+  if (policy.fusion != Fusion::None && large && all_defined && launch->grown_out.empty() && adaptive_eager_enabled()) {
     SharedHostStorages shared;
     task_args.make();
     outputs.make();
@@ -296,8 +330,14 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
             return;
           }
           outputs.make();
+          c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> grown;  // (device memory's view, the kernel's out)
+          for (size_t w : launch->grown_out) {
+            grown.emplace_back(s[w].toTensor(), at::empty({0}, s[w].toTensor().options()));
+            s[w] = grown.back().second;
+          }
           PlaceResults placing(outputs.values, policy.place_results, policy.learned.placement.get(), s);
           call_kernel(op, policy, &s);
+          for (auto& [view, out] : grown) view.copy_(out);
           std::vector<c10::IValue> results;
           for (size_t i = 0; i < s.size(); ++i)
             if (policy.source[i] < 0) results.push_back(std::move(s[i]));

@@ -184,6 +184,7 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
   MetaFailure failure;
   try {
     auto guard = below_autograd();
+    if (policy.meta_check) policy.meta_check(meta);
     op.callBoxed(&meta);
     result = std::make_shared<const MetaResult>(MetaResult{std::move(meta), std::move(meta_written)});
     if (cacheable) meta_cache_insert(std::move(sig), result);

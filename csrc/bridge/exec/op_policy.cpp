@@ -21,6 +21,7 @@ enum Trait : uint32_t {
   kCpuAlgorithm = 1 << 6,   // its composite picks an algorithm by device type: run the CPU's
   kQuantizedResult = 1 << 7,  // returns a quantized tensor, which neuron tensors cannot be: refused
   kSparseResult = 1 << 8,     // returns a sparse (or mkldnn) tensor, likewise
+  kIndexPutChecks = 1 << 9,   // the CPU checks index and value shapes its meta kernel does not (meta_checks.h)
 };
 
 // One rule per operator. `op` is a base name, which covers every overload and
@@ -74,8 +75,9 @@ const Rule kRules[] = {
     {"histogram", kDataDependent}, {"histogramdd", kDataDependent}, {"_histogramdd_bin_edges", kDataDependent},
     {"_histogramdd_from_bin_cts", kDataDependent}, {"_histogramdd_from_bin_tensors", kDataDependent},
     // Indices on the host.
-    {"index", kHostIndices}, {"index_put", kHostIndices}, {"_index_put_impl", kHostIndices},
-    {"_unsafe_index", kHostIndices}, {"_unsafe_index_put", kHostIndices},
+    {"index", kHostIndices}, {"index_put", kHostIndices | kIndexPutChecks},
+    {"_index_put_impl", kHostIndices | kIndexPutChecks}, {"_unsafe_index", kHostIndices},
+    {"_unsafe_index_put", kHostIndices | kIndexPutChecks},
     {"_pack_padded_sequence", kHostIndices}, {"_pad_packed_sequence", kHostIndices},
     // Results computed in device memory (result_placement.h).
     {"native_layer_norm", kPlaceResults}, {"native_layer_norm_backward", kPlaceResults},
@@ -197,6 +199,7 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
   p->exact = rule.exact;
   p->device_op = rule.device_op;
   p->place_results = rule.traits & kPlaceResults;
+  if (rule.traits & kIndexPutChecks) p->meta_check = check_index_put;
   p->unsupported_result = rule.traits & kQuantizedResult ? "quantized" : rule.traits & kSparseResult ? "sparse" : nullptr;
   if (p->place_results) p->learned.placement = std::make_unique<PlacementHistory>();
   // (Not hasComputedKernelForDispatchKey: PyTorch registers a Meta fallback

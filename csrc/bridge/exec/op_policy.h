@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "../op_tracking.h"
+#include "meta_checks.h"
 #include "out_variants.h"
 
 namespace torchneuron {
@@ -81,6 +82,7 @@ struct OpPolicy {
   bool place_results = false;
   DeviceOp device_op = DeviceOp::None;
   const char* unsupported_result = nullptr;  // "quantized" or "sparse": the call raises NotImplementedError
+  MetaCheck meta_check = nullptr;             // what the CPU kernel checks and the meta kernel does not
   std::optional<c10::OperatorHandle> out_op;        // the out= overload of a functional op
   std::optional<EquivalentOutCall> equivalent_out;  // without out_op
 
