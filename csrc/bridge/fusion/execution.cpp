@@ -117,6 +117,9 @@ class RangeRun {
           } else {
             run_aten_member(m++, lo, len);
           }
+        } catch (c10::Error& e) {  // keeps its type (IndexError, ValueError, ...), which the user sees
+          e.add_context("in fused member " + members_[current_].call.policy->task_name);
+          throw;
         } catch (const std::exception& e) {
           throw std::runtime_error("in fused member " + members_[current_].call.policy->task_name + ": " + e.what());
         }
