@@ -6,6 +6,7 @@ functions torch.neuron mirrors from torch.cuda, with its signatures and its
 exception types (capability, StreamContext)."""
 import inspect
 import os
+import time
 import warnings
 
 import pytest
@@ -236,3 +237,21 @@ def test_runtime_and_nki_emulator_read_the_machine_setting_alike():
         assert (key, core, cores, hbm_per_core) == (m.key, m.name, m.cores_per_device, m.hbm_bytes_per_core), alias
     with pytest.raises(ValueError, match="TORCHNEURON_MACHINE='tpu' is invalid"):
         _C._machine_model("tpu")
+
+
+def test_utilization_is_the_busy_percent_of_the_past_second():
+    assert list(inspect.signature(torch.neuron.utilization).parameters) == ["device"]
+    x = torch.randn(512, 512, device="neuron")
+    torch.neuron.synchronize()
+    start = time.monotonic()
+    while time.monotonic() - start < 0.6:  # the device busy for most of 0.6 s
+        for _ in range(8):
+            y = x @ x
+        torch.neuron.synchronize()
+    busy = torch.neuron.utilization()
+    assert 40 <= busy <= 100, busy
+    time.sleep(1.05)
+    assert torch.neuron.utilization("neuron:0") == 0
+    with pytest.raises(IndexError):
+        torch.neuron.utilization(99)
+    del y

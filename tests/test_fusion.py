@@ -355,7 +355,8 @@ def test_deterministic_mode_turns_fusion_off():
 def test_error_in_fused_member_names_it(fusion):
     x = torch.randn(N, N, device="neuron")
     idx = torch.tensor([0, 10**6], device="neuron")
-    torch.index_select(x.view(-1), 0, idx[:1])  # the kernel accepts the arguments: later calls queue
+    # The kernel accepts a call of the same signature: later calls queue.
+    torch.index_select(x.view(-1), 0, torch.tensor([0, 1], device="neuron"))
     _busy()
     y = x * 2 + 1
     bad = torch.index_select(y.view(-1), 0, idx)  # not element-wise: its own task

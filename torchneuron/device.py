@@ -131,6 +131,14 @@ def get_device_capability(device: Any = None) -> tuple[int, int]:
     return props.major, props.minor
 
 
+def utilization(device: Any = None) -> int:
+    """Percent of the past second during which one or more of the device's
+    streams ran a task, as ``torch.cuda.utilization`` reports the percent of its
+    sample period during which one or more kernels ran. Arguments and errors
+    are those of ``get_device_properties``."""
+    return _C._utilization(_index(device))
+
+
 def get_device_name(device: Any = None) -> str:
     return get_device_properties(device).name
 

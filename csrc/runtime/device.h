@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "busy_time.h"
 #include "config.h"
 #include "errors.h"
 #include "stream.h"
@@ -71,6 +72,9 @@ class Device {
   Errors errors() const;   // a copy
   Errors take_errors();    // and clears them: the device reports no error until the next failure
 
+  // Time during which one of the device's streams runs a task (utilization()).
+  BusyTime& busy_time() { return busy_time_; }
+
   void observe(int stream, const Task& task) const {
     if (TaskObserver obs = observer_.load(std::memory_order_acquire)) obs(index(), stream, task);
   }
@@ -99,6 +103,7 @@ class Device {
   Errors errors_;
   std::atomic<bool> has_error_{false};
   std::atomic<TaskObserver> observer_{nullptr};
+  BusyTime busy_time_;
 };
 
 // The process-wide runtime. device_count() never throws (0 when the

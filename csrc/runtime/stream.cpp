@@ -116,6 +116,7 @@ uint64_t Stream::enqueue(Task task) {
 
 void Stream::run_one(Task& task) {
   task.started_ns = now_ns();
+  device_.busy_time().task_started(task.started_ns);
   const bool cancelled = task.seq <= cancelled_through_.load(std::memory_order_acquire);
   try {
     if (!cancelled) task.run();
@@ -126,6 +127,7 @@ void Stream::run_one(Task& task) {
         AsyncError(device_.index(), id_, task.name.str(), "unknown exception", std::current_exception()));
   }
   task.finished_ns = now_ns();
+  device_.busy_time().task_finished(task.finished_ns);
   if (!cancelled) device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
   task.open.reset();

@@ -165,6 +165,10 @@ PYBIND11_MODULE(_C, m) {
     const auto& p = rt::device(index).properties();
     return py::make_tuple(p.name, p.total_memory, p.core_id, p.cores_per_device);
   });
+  m.def("_utilization", [](int index) {
+    check_device_index(index);
+    return rt::device(index).busy_time().utilization(rt::now_ns());
+  });
   // The runtime's reading of a TORCHNEURON_MACHINE value (tests: it agrees
   // with the NKI emulator's, torchneuron/nki/machine.py).
   m.def("_machine_model", [](const std::string& text) {

@@ -365,6 +365,30 @@ TEST(queue_keeps_order_across_hosts_segments_and_amendments) {
   CHECK(s.pending() == 0);
 }
 
+TEST(busy_time_is_the_union_of_the_streams_tasks) {
+  BusyTime b;
+  const int64_t ms = 1'000'000, t0 = 1'000'000 * ms;
+  CHECK(b.utilization(t0) == 0);
+  b.task_started(t0);  // two overlapping tasks: 300 ms of busy time, not 400
+  b.task_started(t0 + 100 * ms);
+  b.task_finished(t0 + 200 * ms);
+  b.task_finished(t0 + 300 * ms);
+  CHECK(b.utilization(t0 + 1000 * ms) == 30);
+  b.task_started(t0 + 900 * ms);  // running now counts up to now
+  CHECK(b.utilization(t0 + 1000 * ms) == 40);
+  b.task_finished(t0 + 1000 * ms);
+  CHECK(b.utilization(t0 + 1600 * ms) == 10);  // only what falls in the last second
+  CHECK(b.utilization(t0 + 5000 * ms) == 0);   // old buckets are not read as new ones
+}
+
+TEST(utilization_follows_a_streams_work) {
+  Device d(props(1 << 20), false);
+  d.stream(0).enqueue("busy", [] { sleep_ms(300); });
+  d.stream(0).synchronize();
+  const int u = d.busy_time().utilization(now_ns());
+  CHECK(u >= 25 && u <= 40);
+}
+
 int main() {
   int passed = 0, failed = 0;
   for (auto& [name, fn] : registry()) {
