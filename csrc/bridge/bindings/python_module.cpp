@@ -150,6 +150,7 @@ py::dict memory_snapshot() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchneuron native bridge";
   ops::prefer_cpu_kernels();  // after the static registrations of the explicit kernels
+  ops::prefer_nested_cpu_kernels();
   m.def("_init", [] { ensure_initialized(); });
   m.def("device_count", [] { return int(device_count()); });
   m.def("_config_error", []() -> std::string {

@@ -83,5 +83,7 @@ at::Tensor gru_cell(const at::Tensor& input, const at::Tensor& hx, const at::Ten
 // differ from the CPU kernel to the executor. Runs once the explicit
 // kernels above are registered, which it leaves in place.
 void prefer_cpu_kernels();
+// The NestedTensorCPU kernels for nested neuron tensors (nested.cpp).
+void prefer_nested_cpu_kernels();
 
 } // namespace torchneuron::ops
