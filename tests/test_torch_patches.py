@@ -97,6 +97,9 @@ def _missing(monkeypatch, name):
         monkeypatch.delattr(torch.compiler, "disable")
     elif name == "set-num-threads":
         monkeypatch.delattr(torch, "set_num_threads")
+    elif name == "mp-neuron-storage":
+        from multiprocessing.reduction import ForkingPickler
+        monkeypatch.setitem(ForkingPickler._extra_reducers, torch.UntypedStorage, lambda storage: None)
     elif name == "c10d-default-backend":
         import torch.distributed.distributed_c10d as c10d
         monkeypatch.delattr(c10d, "_new_process_group_helper")

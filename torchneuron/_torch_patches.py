@@ -27,6 +27,8 @@ patch                                   target
                                         device the count
 ``c10d-default-backend``                ``torch.distributed.distributed_c10d._new_process_group_helper``:
                                         a group with the neuron backend has it as default
+``mp-neuron-storage``                   ``torch.multiprocessing``'s reducer of ``torch.UntypedStorage``
+                                        in ``ForkingPickler``: neuron storages are shared
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -494,3 +496,46 @@ _register(
         "CUDA, is the device backend's: CUSTOM. It is fixed after the group is made, before anything "
         "reads it; there is no hook for it.",
     check=_check_c10d_default_backend, apply=_apply_c10d_default_backend)
+
+
+# --------------------------------------------------------------------------- mp-neuron-storage
+
+def _check_mp_neuron_storage() -> None:
+    name = "mp-neuron-storage"
+    reductions = _module(name, "torch.multiprocessing.reductions")
+    from multiprocessing.reduction import ForkingPickler
+
+    registered = getattr(ForkingPickler, "_extra_reducers", {}).get(torch.UntypedStorage)
+    if _original(registered) is not _require(name, reductions, "reduce_storage", "torch.multiprocessing.reductions"):
+        _fail(name, "ForkingPickler's reducer of torch.UntypedStorage is no longer "
+                    "torch.multiprocessing.reductions.reduce_storage")
+    for attr in ("storage_from_cache", "StorageWeakRef"):
+        _require(name, reductions, attr, "torch.multiprocessing.reductions")
+    if not hasattr(reductions, "shared_cache"):
+        _fail(name, "torch.multiprocessing.reductions.shared_cache no longer exists")
+
+
+def _apply_mp_neuron_storage() -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    from . import sharing
+
+    original = ForkingPickler._extra_reducers[torch.UntypedStorage]
+    if hasattr(original, _ORIGINAL):
+        return
+
+    def reduce_storage(storage):
+        return sharing.reduce_storage(storage, original)
+    setattr(reduce_storage, _ORIGINAL, original)
+    ForkingPickler.register(torch.UntypedStorage, reduce_storage)
+
+
+_register(
+    "mp-neuron-storage",
+    target="the reducer torch.multiprocessing registers for torch.UntypedStorage with "
+           "multiprocessing's ForkingPickler, wrapped: neuron storages take torchneuron.sharing's, "
+           "others PyTorch's, when torchneuron loads",
+    why="torch.multiprocessing shares CUDA tensors through CUDA IPC and every other storage as a CPU "
+        "one: a neuron storage fails in the sender's queue feeder thread, and the receiver waits "
+        "until its timeout. PyTorch has no hook for another device's sharing.",
+    check=_check_mp_neuron_storage, apply=_apply_mp_neuron_storage)

@@ -2,6 +2,10 @@
 
 #include <pthread.h>
 #include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <optional>
 #include <utility>
@@ -51,6 +55,60 @@ void Device::unmap(void* ptr) {
   ::munmap(ptr, it->second);
   mapped_ -= it->second;
   segments_.erase(it);
+  if (auto fd = shared_fds_.find(reinterpret_cast<uintptr_t>(ptr)); fd != shared_fds_.end()) {
+    ::close(fd->second);
+    shared_fds_.erase(fd);
+  }
+}
+
+Device::SharedSegment Device::share(const void* ptr) {
+  std::lock_guard<std::mutex> lock(memory_mu_);
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  auto it = segments_.upper_bound(p);
+  if (it == segments_.begin() || p >= std::prev(it)->first + std::prev(it)->second)
+    throw UsageError("share of a pointer that is not device memory");
+  --it;
+  void* base = reinterpret_cast<void*>(it->first);
+  const size_t bytes = it->second;
+  if (auto fd = shared_fds_.find(it->first); fd != shared_fds_.end()) return {fd->second, base, bytes};
+  auto fail = [&](const char* what) {
+    throw UsageError(std::string("cannot share neuron device memory: ") + what + ": " + std::strerror(errno));
+  };
+  const int fd = ::memfd_create("neuron-device-segment", MFD_CLOEXEC);
+  if (fd < 0) fail("memfd_create");
+  void* staging = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) == 0)
+    staging = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (staging == MAP_FAILED) {
+    ::close(fd);
+    fail("mapping a shared memory object");
+  }
+  std::memcpy(staging, base, bytes);
+  ::munmap(staging, bytes);
+  // The same addresses, now backed by the shared object: device tensors and
+  // the allocator's blocks keep their pointers.
+  if (::mmap(base, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED) {
+    ::close(fd);
+    fail("remapping the segment");
+  }
+  shared_fds_.emplace(it->first, fd);
+  return {fd, base, bytes};
+}
+
+void* Device::map_shared(int fd, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(memory_mu_);
+    if (mapped_ + bytes > props_.total_memory) throw OutOfMemoryError(index(), bytes, mapped_, props_.total_memory);
+    mapped_ += bytes;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  std::lock_guard<std::mutex> lock(memory_mu_);
+  if (p == MAP_FAILED) {
+    mapped_ -= bytes;
+    throw UsageError(std::string("cannot map shared neuron device memory: ") + std::strerror(errno));
+  }
+  segments_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
+  return p;
 }
 
 size_t Device::mapped_bytes() const {

@@ -49,6 +49,20 @@ class Device {
   size_t capacity() const { return props_.total_memory; }
   bool contains(const void* ptr) const;
 
+  // Device memory another process maps (torch.multiprocessing). share()
+  // moves the segment holding `ptr`, in place and with its contents, into a
+  // shared memory object whose descriptor it returns (the device keeps it
+  // open until unmap); the caller sees that no task uses the segment
+  // meanwhile. map_shared() maps such a descriptor as a segment of this
+  // device (counted against its capacity), for unmap to release.
+  struct SharedSegment {
+    int fd;
+    void* base;
+    size_t bytes;
+  };
+  SharedSegment share(const void* ptr);
+  void* map_shared(int fd, size_t bytes);
+
   Stream& stream(int id);
   int next_pool_stream();  // an id from the pool, round-robin
   void synchronize();      // every stream, then raise a pending error
@@ -89,6 +103,7 @@ class Device {
 
   mutable std::mutex memory_mu_;
   std::map<uintptr_t, size_t> segments_;  // start -> size
+  std::map<uintptr_t, int> shared_fds_;   // start -> its shared memory object, for shared segments
   size_t mapped_ = 0;
 
   std::mutex streams_mu_;

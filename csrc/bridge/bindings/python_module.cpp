@@ -245,4 +245,5 @@ PYBIND11_MODULE(_C, m) {
   bind_compiled_replay(m);
   bind_device_errors(m);
   bind_distributed(m);
+  bind_sharing(m);
 }

@@ -389,6 +389,24 @@ TEST(utilization_follows_a_streams_work) {
   CHECK(u >= 25 && u <= 40);
 }
 
+TEST(shared_segment_keeps_its_address_and_contents) {
+  Device d(props(8 << 20), false);
+  auto* p = static_cast<unsigned char*>(d.map(1 << 20));
+  for (int i = 0; i < (1 << 20); ++i) p[i] = static_cast<unsigned char>(i * 7);
+  Device::SharedSegment s = d.share(p + 4096);
+  CHECK(s.base == p && s.bytes == (1u << 20));
+  CHECK(d.share(p).fd == s.fd);  // shared once
+  auto* q = static_cast<unsigned char*>(d.map_shared(s.fd, s.bytes));  // another mapping of it, as a peer has
+  CHECK(q != p && q[12345] == static_cast<unsigned char>(12345 * 7));
+  p[5] = 99;
+  CHECK(q[5] == 99);  // one memory
+  CHECK(d.mapped_bytes() == 2u << 20);
+  d.unmap(q);
+  d.unmap(p);
+  CHECK(d.mapped_bytes() == 0);
+  expect_throw<UsageError>([&] { d.share(&s); });
+}
+
 int main() {
   int passed = 0, failed = 0;
   for (auto& [name, fn] : registry()) {
