@@ -119,6 +119,12 @@ VALUE_CHECKS = {  # (the call, a call of its call signature but another value th
                                    lambda d: torch.pow(torch.arange(3, device=d), 2)),
     "Scalar overflowing int8 after one that fits": (lambda d: torch.ones(3, dtype=torch.int8, device=d).add(1000),
                                                     lambda d: torch.ones(3, dtype=torch.int8, device=d).add(100)),
+    "multinomial of more samples than categories": (
+        lambda d: torch.multinomial(torch.ones(3, device=d), 4),
+        lambda d: torch.multinomial(torch.ones(3, device=d), 2)),
+    "multinomial of no samples": (
+        lambda d: torch.multinomial(torch.ones(3, device=d), 0, replacement=True),
+        lambda d: torch.multinomial(torch.ones(3, device=d), 5, replacement=True)),
     "integer division by zero": (
         lambda d: torch.div(torch.arange(3, device=d), 0, rounding_mode="floor"),
         lambda d: torch.div(torch.arange(3, device=d), 2, rounding_mode="floor")),

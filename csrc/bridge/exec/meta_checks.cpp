@@ -28,4 +28,12 @@ void check_index_put(const torch::jit::Stack& meta_args) {
               values.sizes(), " cannot be broadcast to indexing result of shape ", indexed.sizes());
 }
 
+void check_multinomial(const torch::jit::Stack& meta_args) {
+  const at::Tensor& self = meta_args[0].toTensor();
+  const int64_t n = meta_args[1].toInt();
+  TORCH_CHECK(n > 0, "cannot sample n_sample <= 0 samples");
+  TORCH_CHECK(meta_args[2].toBool() || self.dim() == 0 || n <= self.size(-1),
+              "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+}
+
 } // namespace torchneuron

@@ -15,4 +15,8 @@ using MetaCheck = void (*)(const torch::jit::Stack& meta_args);
 // indexed shape where no mask makes that shape depend on the data.
 void check_index_put(const torch::jit::Stack& meta_args);
 
+// multinomial (self, num_samples, replacement, ...): the number of samples
+// against the categories.
+void check_multinomial(const torch::jit::Stack& meta_args);
+
 } // namespace torchneuron

@@ -22,6 +22,7 @@ enum Trait : uint32_t {
   kQuantizedResult = 1 << 7,  // returns a quantized tensor, which neuron tensors cannot be: refused
   kSparseResult = 1 << 8,     // returns a sparse (or mkldnn) tensor, likewise
   kIndexPutChecks = 1 << 9,   // the CPU checks index and value shapes its meta kernel does not (meta_checks.h)
+  kMultinomialChecks = 1 << 10,  // likewise the number of samples (meta_checks.h)
 };
 
 // One rule per operator. `op` is a base name, which covers every overload and
@@ -79,6 +80,8 @@ const Rule kRules[] = {
     {"_index_put_impl", kHostIndices | kIndexPutChecks}, {"_unsafe_index", kHostIndices},
     {"_unsafe_index_put", kHostIndices | kIndexPutChecks},
     {"_pack_padded_sequence", kHostIndices}, {"_pad_packed_sequence", kHostIndices},
+    // The CPU checks the number of samples, its meta kernel does not.
+    {"multinomial", kMultinomialChecks},
     // Results computed in device memory (result_placement.h).
     {"native_layer_norm", kPlaceResults}, {"native_layer_norm_backward", kPlaceResults},
     {"native_group_norm", kPlaceResults}, {"native_group_norm_backward", kPlaceResults},
@@ -200,6 +203,7 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
   p->device_op = rule.device_op;
   p->place_results = rule.traits & kPlaceResults;
   if (rule.traits & kIndexPutChecks) p->meta_check = check_index_put;
+  if (rule.traits & kMultinomialChecks) p->meta_check = check_multinomial;
   p->unsupported_result = rule.traits & kQuantizedResult ? "quantized" : rule.traits & kSparseResult ? "sparse" : nullptr;
   if (p->place_results) p->learned.placement = std::make_unique<PlacementHistory>();
   // (Not hasComputedKernelForDispatchKey: PyTorch registers a Meta fallback
