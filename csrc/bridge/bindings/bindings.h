@@ -11,5 +11,7 @@ void bind_compiled_replay(pybind11::module_& m);
 void bind_device_errors(pybind11::module_& m);
 // The `neuron` c10d backend (distributed_bindings.cpp).
 void bind_distributed(pybind11::module_& m);
+// The stream sanitizer's log and helpers (sanitizer_bindings.cpp).
+void bind_sanitizer(pybind11::module_& m);
 
 } // namespace torchneuron
