@@ -328,3 +328,13 @@ def test_environment_variable(monkeypatch):
     finally:
         sanitizer.disable()
     assert sanitizer.active() is None
+
+
+def test_tensors_without_elements_are_no_accesses():
+    def program():
+        e = torch.empty(0, device="neuron")
+        e.cpu()                                 # a copy to the host that touches no memory
+        with torch.neuron.stream(torch.neuron.Stream()):
+            return (e + 1).sum().item()
+
+    clean(program)

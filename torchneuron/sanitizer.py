@@ -416,7 +416,7 @@ class _Mode(TorchDispatchMode):
             san.drain()
             handler.parse_outputs(schema, out, is_factory=factory)
             self._launch(func, args, handler.found)
-            if _is_blocking_copy_to_host(func, args, kwargs):
+            if handler.found and _is_blocking_copy_to_host(func, args, kwargs):
                 san.host_waited(_op_stream(handler.found)[0])
         return out
 
