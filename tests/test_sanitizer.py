@@ -338,3 +338,18 @@ def test_tensors_without_elements_are_no_accesses():
             return (e + 1).sum().item()
 
     clean(program)
+
+
+def test_factory_results_are_written():
+    s = torch.neuron.Stream()
+    a = torch.ones(N, device="neuron")
+    torch.neuron.synchronize()
+
+    def program():
+        z = torch.zeros_like(a)                 # reads nothing of a, writes z on the default stream
+        with torch.neuron.stream(s):
+            a.sum()                             # a: no conflict
+            return z.sum()                      # z: nothing orders its fill before this read
+
+    (r,) = race(program).reports
+    assert r.previous.op == "aten::zeros_like" and r.previous.write and r.current.op == "aten::sum"

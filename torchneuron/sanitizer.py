@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import threading
 import warnings
 from contextlib import contextmanager
@@ -66,7 +65,7 @@ _gather = torch._C._profiler.gather_traceback
 # results are registered (with this allocation site) but not accessed.
 _ALLOCATIONS = frozenset({"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
                           "aten::new_empty_strided", "aten::empty_permuted"})
-# Operators whose metadata-only tensor arguments are not accesses (the
+# Operators whose tensor arguments are metadata only, not accesses (the
 # schema says so for views; these take a tensor only for its shape and
 # dtype), as CUDA's sanitizer reads factory names.
 _FACTORY = re.compile(r"(new_.*|.*_like)")
@@ -414,7 +413,8 @@ class _Mode(TorchDispatchMode):
         out = func(*args, **kwargs)
         with san.lock:
             san.drain()
-            handler.parse_outputs(schema, out, is_factory=factory)
+            # (A factory's result is written, unlike CUDA's sanitizer says: zeros_like fills it.)
+            handler.parse_outputs(schema, out, is_factory=False)
             self._launch(func, args, handler.found)
             if handler.found and _is_blocking_copy_to_host(func, args, kwargs):
                 san.host_waited(_op_stream(handler.found)[0])
