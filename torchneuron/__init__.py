@@ -34,3 +34,10 @@ from . import distributed as _distributed  # noqa: E402
 _distributed.register()  # torch.distributed's "neuron" backend
 
 __all__ = ["get_executed_ops", "get_fallback_ops", "get_fused_ops", "clear_op_tracking", "nki_op"]
+
+import os as _os  # noqa: E402
+
+if _os.environ.get("TORCHNEURON_STREAM_SANITIZER"):  # the stream sanitizer for the whole program
+    from . import sanitizer as _sanitizer
+
+    _sanitizer._enable_from_environment()

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "device_state.h"
+#include "sanitizer.h"
 
 namespace torchneuron {
 namespace {
@@ -271,6 +272,7 @@ void free_block(void* ctx) {
   // blocks: another stream may still read a recorded one.
   if (b->used_on.empty()) rt::device(b->device).stream(b->stream).notify_free(b->ptr, b->size);
   HistoryContext context = gather(gather_free_context);
+  sanitizer::log_free(b->device, b->stream, b->ptr, b->size, b->used_on);
   DeviceCache& c = cache(b->device);
   std::lock_guard<std::mutex> lock(c.mu);
   b->allocated = false;

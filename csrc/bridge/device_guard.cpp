@@ -5,6 +5,7 @@
 
 #include "allocator.h"
 #include "device_state.h"
+#include "sanitizer.h"
 
 namespace torchneuron {
 namespace {
@@ -63,29 +64,35 @@ struct NeuronGuardImpl final : c10::impl::DeviceGuardImplInterface {
   bool queryStream(const c10::Stream& s) const override { return runtime_stream(s).query(); }
   void synchronizeStream(const c10::Stream& s) const override {
     translate_errors([&] { runtime_stream(s).synchronize(); });
+    sanitizer::log(sanitizer::Kind::StreamSynchronize, s.device_index(), int(s.id()));
   }
   void synchronizeDevice(c10::DeviceIndex index) const override {
     check_device_index(index);
     translate_errors([&] { rt::device(index).synchronize(); });
+    sanitizer::log(sanitizer::Kind::DeviceSynchronize, index, 0);
   }
 
   void record(void** event, const c10::Stream& s, c10::DeviceIndex /*index*/,
               c10::EventFlag flag) const override {
     if (!*event) *event = new rt::Event(flag == c10::EventFlag::BACKEND_DEFAULT);
     translate_errors([&] { as_event(*event)->record(runtime_stream(s)); });
+    sanitizer::log(sanitizer::Kind::EventRecord, s.device_index(), int(s.id()), *event);
   }
   void block(void* event, const c10::Stream& s) const override {
     if (event) translate_errors([&] { as_event(event)->block(runtime_stream(s)); });
+    sanitizer::log(sanitizer::Kind::EventWait, s.device_index(), int(s.id()), event);
   }
   bool queryEvent(void* event) const override { return !event || as_event(event)->query(); }
   void synchronizeEvent(void* event) const override {
     if (event) translate_errors([&] { as_event(event)->synchronize(); });
+    sanitizer::log(sanitizer::Kind::EventSynchronize, 0, 0, event);
   }
   double elapsedTime(void* start, void* end, c10::DeviceIndex) const override {
     TORCH_CHECK(start && end, "elapsed_time needs both events to be recorded first");
     return translate_errors([&] { return as_event(start)->elapsed_ms(*as_event(end)); });
   }
   void destroyEvent(void* event, c10::DeviceIndex) const noexcept override {
+    sanitizer::log(sanitizer::Kind::EventDestroy, 0, 0, event);
     delete as_event(event);
   }
   void recordDataPtrOnStream(const c10::DataPtr& ptr, const c10::Stream& s) const override {

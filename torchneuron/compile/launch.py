@@ -38,6 +38,9 @@ _local = threading.local()  # .recorder: a replay.Recorder while a graph is bein
 #: kernel tasks queued: "entry_point" (called from C++, no GIL), "binding"
 #: (a Python task calling the kernel's binding, with the GIL)
 stats: collections.Counter = collections.Counter()
+#: called as observer(kernel, name, args) before each launch while the stream
+#: sanitizer runs (torchneuron/sanitizer.py), else None
+observer = None
 
 
 def entry_point(kernel) -> int:
@@ -104,6 +107,8 @@ def recorder():
 
 def launch(kernel, name: str, *args) -> None:
     """Queues ``kernel(*args)`` as one device task on the current stream."""
+    if observer is not None:
+        observer(kernel, name, args)
     rec = recorder()
     if rec is not None:
         rec.on_kernel(kernel, name, args)

@@ -13,5 +13,7 @@ void bind_device_errors(pybind11::module_& m);
 void bind_distributed(pybind11::module_& m);
 // Device storages shared between processes (sharing_bindings.cpp).
 void bind_sharing(pybind11::module_& m);
+// The stream sanitizer's log and helpers (sanitizer_bindings.cpp).
+void bind_sanitizer(pybind11::module_& m);
 
 } // namespace torchneuron

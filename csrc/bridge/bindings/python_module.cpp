@@ -18,6 +18,7 @@
 #include "../kernels/vector_math.h"
 #include "../op_tracking.h"
 #include "../ops/kernels.h"
+#include "../sanitizer.h"
 #include "bindings.h"
 
 namespace py = pybind11;
@@ -187,6 +188,7 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;
     check_device_index(index);
     translate_errors([&] { rt::device(index).synchronize(); });
+    sanitizer::log(sanitizer::Kind::DeviceSynchronize, index, 0);
   });
   m.def("_default_generator", [](int index) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(index)));
@@ -246,4 +248,5 @@ PYBIND11_MODULE(_C, m) {
   bind_device_errors(m);
   bind_distributed(m);
   bind_sharing(m);
+  bind_sanitizer(m);
 }

@@ -1,0 +1,355 @@
+"""The stream sanitizer (torchneuron/sanitizer.py, docs/sanitizers.md): seeded
+races are each reported with the right accesses, and correct multi-stream
+programs (events, wait_stream, synchronisations) and the demo model's
+training step run without a report."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import torchneuron
+from neuron_testing import FusableFrom
+from torchneuron import sanitizer
+from torchneuron.sanitizer import StreamRaceError, StreamRaceWarning, stream_sanitizer
+
+N = 1 << 12  # small enough for the lean path
+
+
+def busy(stream):
+    """Queues a long task on `stream`, so that what follows really overlaps."""
+    with torch.neuron.stream(stream):
+        m = torch.randn(256, 256, device="neuron")
+        for _ in range(4):
+            m = m @ m
+    return m
+
+
+def race(fn):
+    with pytest.raises(StreamRaceError) as info:
+        with stream_sanitizer():
+            fn()
+    torch.neuron.synchronize()
+    return info.value
+
+
+def clean(fn):
+    with stream_sanitizer() as san:
+        fn()
+    torch.neuron.synchronize()
+    assert san.reports == [], "\n".join(str(r) for r in san.reports)
+    return san
+
+
+def test_two_streams_without_an_event():
+    s = torch.neuron.Stream()
+
+    def program():
+        a = torch.ones(N, device="neuron")      # written on the default stream
+        with torch.neuron.stream(s):
+            return a * 2                        # read on s: nothing orders the two
+
+    err = race(program)
+    (r,) = err.reports
+    assert r.current.op == "aten::mul.Tensor" and not r.current.write and r.current.names == ["self"]
+    assert r.previous.op == "aten::ones" and r.previous.write and r.previous.is_output
+    assert r.current.stream != r.previous.stream and tuple(r.current.shape) == (N,)
+    text = str(err)
+    assert "aten::mul.Tensor reading argument 'self'" in text and "stream 0 of neuron:0 (the default stream)" in text
+    assert "aten::ones writing its result" in text and "allocated as a (4096,) float32 result of aten::ones" in text
+    assert "test_sanitizer.py" in text and "return a * 2" in text  # the Python stacks
+
+
+def test_write_after_read_on_another_stream():
+    s = torch.neuron.Stream()
+    a = torch.ones(N, device="neuron")
+    torch.neuron.synchronize()
+
+    def program():
+        with torch.neuron.stream(s):
+            b = a.sum()                         # read on s
+        a.add_(1)                               # written on the default stream meanwhile
+        return b
+
+    (r,) = race(program).reports
+    assert r.current.op == "aten::add_.Tensor" and r.current.write and r.previous.op == "aten::sum"
+
+
+@pytest.mark.parametrize("sync", ["event", "wait_stream", "stream_synchronize", "device_synchronize",
+                                  "event_synchronize", "accelerator_synchronize", "item"])
+def test_ordered_streams_are_clean(sync):
+    s = torch.neuron.Stream()
+    default = torch.neuron.current_stream()
+
+    def order(waiter, producer):
+        """Orders work queued later on `waiter` after what `producer` queued so far."""
+        if sync == "event":
+            e = torch.neuron.Event()
+            e.record(producer)
+            waiter.wait_event(e)
+        elif sync == "wait_stream":
+            waiter.wait_stream(producer)
+        elif sync == "stream_synchronize":
+            producer.synchronize()
+        elif sync == "device_synchronize":
+            torch.neuron.synchronize()
+        elif sync == "event_synchronize":
+            producer.record_event().synchronize()
+        elif sync == "accelerator_synchronize":
+            torch.accelerator.synchronize()
+        else:  # a value read waits for the stream it runs on
+            with torch.neuron.stream(producer):
+                probe.sum().item()
+
+    def program():
+        global probe
+        probe = torch.zeros(1, device="neuron")
+        a = torch.ones(N, device="neuron")
+        order(s, default)
+        with torch.neuron.stream(s):
+            b = a * 2                           # read a on s, after its write
+            b.add_(1)
+        order(default, s)
+        c = b + a                               # read b on the default stream, after s wrote it
+        a.mul_(3)                               # write a after s read it
+        return c
+
+    clean(program)
+
+
+def test_race_through_a_view_and_disjoint_slices():
+    s = torch.neuron.Stream()
+    x = torch.zeros(100, device="neuron")
+    torch.neuron.synchronize()
+
+    def disjoint():
+        with torch.neuron.stream(s):
+            x[50:].add_(1)                      # bytes 200..400 on s
+        return x[:50].sum()                     # bytes 0..200 on the default stream: no conflict
+
+    clean(disjoint)
+    torch.neuron.synchronize()
+
+    def overlapping():
+        with torch.neuron.stream(s):
+            x[50:].add_(1)
+        return x[40:60].sum()                   # overlaps by ten elements
+
+    (r,) = race(overlapping).reports
+    assert r.current.op == "aten::sum" and r.previous.op == "aten::add_.Tensor"
+    assert tuple(r.current.shape) == (20,) and tuple(r.previous.shape) == (50,)
+    assert (r.current.lo - r.storage.base, r.current.hi - r.storage.base) == (160, 240)
+
+
+def test_missing_record_stream():
+    s = torch.neuron.Stream()
+    torch.neuron.synchronize()
+
+    def program(record: bool):
+        busy(s)
+        x = torch.ones(N, device="neuron")      # allocated on the default stream
+        ptr = x.data_ptr()
+        s.wait_stream(torch.neuron.current_stream())
+        with torch.neuron.stream(s):
+            y = x * 2                           # s reads x, behind its busy work
+        if record:
+            x.record_stream(s)
+        del x                                   # x's block returns to the default stream's pool
+        z = torch.empty(N, device="neuron")
+        z.fill_(5)                              # may overwrite x while s still reads it
+        return y, z, ptr
+
+    with pytest.raises(StreamRaceError) as info:
+        with stream_sanitizer():
+            _, z, ptr = program(record=False)
+    torch.neuron.synchronize()
+    (r,) = info.value.reports
+    assert r.reused and r.current.op == "aten::fill_.Scalar" and r.previous.op == "aten::mul.Tensor"
+    assert "record_stream" in str(info.value) and "aten::ones" in str(info.value)
+    with stream_sanitizer() as san:
+        y, z, ptr = program(record=True)
+        assert z.data_ptr() != ptr              # the allocator kept the recorded block back
+    torch.neuron.synchronize()
+    assert san.reports == []
+
+
+def test_reuse_after_waiting_for_the_other_stream_is_clean():
+    s = torch.neuron.Stream()
+
+    def program():
+        x = torch.ones(N, device="neuron")
+        s.wait_stream(torch.neuron.current_stream())
+        with torch.neuron.stream(s):
+            y = x * 2
+        del x
+        torch.neuron.current_stream().wait_stream(s)
+        return y, torch.empty(N, device="neuron").fill_(5)
+
+    clean(program)
+
+
+def test_lean_path_and_fused_chains_are_seen():
+    """Small element-wise calls take the lean path (test_two_streams_without_an_event
+    is one); element-wise work queued behind busy work fuses: both are
+    operators the dispatch mode sees one by one."""
+    s = torch.neuron.Stream()
+    n = 1 << 15
+
+    def program():
+        a = torch.ones(n, device="neuron")
+        busy(s)
+        with torch.neuron.stream(s):
+            return ((a * 2) + 1).relu()         # element-wise work queued behind busy work: fused
+
+    with FusableFrom(n):
+        program()  # the first call of each signature runs on its own
+        torch.neuron.synchronize()
+        torchneuron.clear_op_tracking()
+        with pytest.warns(StreamRaceWarning):
+            with stream_sanitizer(on_race="warn") as san:  # the chain goes on after the report
+                program()
+        torch.neuron.synchronize()
+        assert torchneuron._C._fused_groups() >= 1
+        (r,) = san.reports
+    assert r.current.op == "aten::mul.Tensor" and r.previous.op == "aten::ones"
+
+
+def test_warn_mode_and_reports():
+    s = torch.neuron.Stream()
+    with pytest.warns(StreamRaceWarning, match="possible data race"):
+        with stream_sanitizer(on_race="warn") as san:
+            a = torch.ones(N, device="neuron")
+            with torch.neuron.stream(s):
+                a.sum()
+    torch.neuron.synchronize()
+    assert len(san.reports) == 1
+    with pytest.raises(ValueError, match="on_race"):
+        with stream_sanitizer(on_race="ignore"):
+            pass
+
+
+def test_compiled_kernels_are_seen():
+    s = torch.neuron.Stream()
+
+    @torch.compile(backend="neuron")
+    def f(a):
+        return (a.sin() + 1) * a
+
+    a = torch.ones(N, device="neuron")
+    f(a)  # compiled outside the sanitizer
+    torch.neuron.synchronize()
+
+    def racy():
+        a.add_(1)
+        with torch.neuron.stream(s):
+            return f(a)
+
+    (r,) = race(racy).reports
+    assert r.current.op.startswith("compiled::cpp_fused") and not r.current.write
+    assert r.previous.op == "aten::add_.Tensor"
+
+    def ordered():
+        a.add_(1)
+        s.wait_stream(torch.neuron.current_stream())
+        with torch.neuron.stream(s):
+            out = f(a)
+        torch.neuron.current_stream().wait_stream(s)
+        return out + a
+
+    clean(ordered)
+
+
+def test_nki_kernels_are_seen():
+    import torchneuron.nki as nki
+    import torchneuron.nki.language as nl
+
+    @nki.jit
+    def double(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(x) * 2)
+        return out
+
+    s = torch.neuron.Stream()
+    x = torch.ones(128, 64, device="neuron")
+    double(x)
+    torch.neuron.synchronize()
+
+    def racy():
+        x.add_(1)
+        with torch.neuron.stream(s):
+            return double(x)
+
+    (r,) = race(racy).reports
+    assert r.current.op == "nki::double" and r.previous.op == "aten::add_.Tensor"
+
+
+def test_demo_training_step_is_clean():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples"))
+    import gpt_model as gm
+
+    cfg = gm.GPTConfig(n_layer=2, d_model=64)
+    model = gm.GPT(cfg, generator=torch.Generator().manual_seed(0)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(cfg.vocab_size, (4, cfg.block_size), generator=g)
+    y = torch.randint(cfg.vocab_size, (4, cfg.block_size), generator=g)
+
+    def steps():
+        for _ in range(2):
+            _, loss = model(x.to("neuron"), y.to("neuron"))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+            opt.step()
+            loss.item()
+
+    san = clean(steps)
+    assert san.seq > 100  # it did see the step's operators
+
+
+def test_environment_variable(monkeypatch):
+    program = textwrap.dedent("""
+        import torch
+        s = torch.neuron.Stream()
+        a = torch.ones(16, device="neuron")
+        with torch.neuron.stream(s):
+            a.sum()
+        print("not reached")
+    """)
+    env = dict(os.environ, TORCHNEURON_STREAM_SANITIZER="1")
+    p = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "StreamRaceError" in p.stderr and "not reached" not in p.stdout
+    monkeypatch.setenv("TORCHNEURON_STREAM_SANITIZER", "warn")
+    sanitizer._enable_from_environment()
+    try:
+        assert sanitizer.active().on_race == "warn"
+    finally:
+        sanitizer.disable()
+    assert sanitizer.active() is None
+
+
+def test_tensors_without_elements_are_no_accesses():
+    def program():
+        e = torch.empty(0, device="neuron")
+        e.cpu()                                 # a copy to the host that touches no memory
+        with torch.neuron.stream(torch.neuron.Stream()):
+            return (e + 1).sum().item()
+
+    clean(program)
+
+
+def test_factory_results_are_written():
+    s = torch.neuron.Stream()
+    a = torch.ones(N, device="neuron")
+    torch.neuron.synchronize()
+
+    def program():
+        z = torch.zeros_like(a)                 # reads nothing of a, writes z on the default stream
+        with torch.neuron.stream(s):
+            a.sum()                             # a: no conflict
+            return z.sum()                      # z: nothing orders its fill before this read
+
+    (r,) = race(program).reports
+    assert r.previous.op == "aten::zeros_like" and r.previous.write and r.current.op == "aten::sum"
