@@ -89,7 +89,9 @@ def test_data_errors_keep_the_cpus_exception_type(name):
 def _queue_failure(stream=None, index=9):
     x = torch.arange(4.0, device="neuron")
     torch.index_select(x, 0, torch.tensor([1], device="neuron"))  # accepted: later calls queue
-    with torch.neuron.stream(stream if stream is not None else torch.neuron.current_stream()):
+    stream = stream if stream is not None else torch.neuron.current_stream()
+    stream.wait_stream(torch.neuron.current_stream())  # x is written on the current stream
+    with torch.neuron.stream(stream):
         return torch.index_select(x, 0, torch.tensor([index], device="neuron"))
 
 

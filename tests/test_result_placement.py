@@ -36,9 +36,10 @@ def test_convolution_computes_into_device_memory(shape):
         c1 = _counts()
         y.backward(torch.ones_like(y))
         c2 = _counts()
-        # the first call of each op learns which allocation is the result
-        # (and the backward's first call runs synchronously)
-        if step > 0:
+        # the first call of a call signature runs synchronously, and the
+        # second learns which allocation is the result (unless an earlier
+        # test already ran these signatures)
+        if step > 1:
             assert _delta(c0, c1) == {"in_place": 1, "copied": 0}
         if step > 1:
             assert _delta(c1, c2) == {"in_place": 3, "copied": 0}
