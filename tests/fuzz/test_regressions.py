@@ -301,6 +301,17 @@ def test_dtypes_of_scalar_overloads(case):
     same_outcome(META_DTYPES_SCALAR[case])
 
 
+def test_set_storage_of_its_own_sizes_keeps_strides():
+    """Fuzzer seed 102299: set_(storage, offset, size) of the sizes the tensor has keeps its strides, as the CPU's
+    resize does (here an expanded tensor's zero stride)."""
+    def set_onto(d):
+        x = torch.zeros((), dtype=torch.float64).to(d).expand(7)
+        y = torch.arange(7.0, dtype=torch.float64).to(d)
+        x.set_(y.untyped_storage(), 0, (7,))
+        return x.stride(), x.cpu()
+    same_outcome(set_onto)
+
+
 def test_resize_to_its_own_shape_keeps_strides():
     same_outcome(lambda d: torch.randn(3, 2).to(d).t().resize_(2, 3).stride())
 

@@ -107,9 +107,15 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef sym_size,
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
-  // The CPU's checks (offset, lengths, device); it sets the storage. No
-  // strides (set_(storage, offset, size)) is row-major, as on the CPU.
+  // The CPU's checks (offset, lengths, device); it sets the storage. As the
+  // CPU's resize: the sizes it has (and the strides, if given) keep its
+  // strides and storage; otherwise no strides (set_(storage, offset, size))
+  // is row-major.
   at::native::checkSetStorage(self, source, storage_offset, size, stride);
+  if (self.sizes() == size && (!stride.data() || self.strides() == stride)) {
+    self.unsafeGetTensorImpl()->set_storage_offset(storage_offset);
+    return self;
+  }
   const auto strides = stride.data() ? c10::DimVector(stride) : c10::contiguous_strides(size);
   size_t needed = at::detail::computeStorageNbytes(size, strides, self.itemsize(), storage_offset);
   if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
