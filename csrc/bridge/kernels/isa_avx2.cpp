@@ -36,12 +36,13 @@ namespace {
 
 // SLEEF's expf8_u10 written out inline, step for step: q = x / ln 2 rounded
 // to an integer, x - q ln 2 in two parts, the degree-6 polynomial, u * 2^q as
-// two exact powers of two (the first product is exact, so the second rounds
-// once, as isa_avx512.cpp's scalef does), then the bounds. Inline for the
-// reason isa_avx512.cpp gives; sigmoid_ready checks it against the library
-// once per process.
-TORCHNEURON_INLINE __m256 exp_like_sleef(__m256 x) {
-  asm("" : "+x"(x));  // as isa_avx512.cpp: keep a negation that produced x
+// two powers of two (the first product is exact, so the second rounds once,
+// as isa_avx512.cpp's scalef does), then the bounds. Inline for the reason
+// isa_avx512.cpp gives; sigmoid_ready checks it against the library once per
+// process.
+// q = x / ln 2 rounded to an integer, and u = e^(x - q ln 2) by the
+// library's polynomial.
+TORCHNEURON_INLINE __m256 exp_reduced(__m256 x, __m256i* q_out) {
   const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, _mm256_set1_ps(0x1.715476p+0f)));
   const __m256 qf = _mm256_cvtepi32_ps(q);
   __m256 s = _mm256_fmadd_ps(qf, _mm256_set1_ps(-0x1.62e4p-1f), x);
@@ -52,22 +53,31 @@ TORCHNEURON_INLINE __m256 exp_like_sleef(__m256 x) {
   u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0x1.5554f4p-5f));
   u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0x1.555556p-3f));
   u = _mm256_fmadd_ps(u, s, _mm256_set1_ps(0x1.0p-1f));
-  u = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(s, s), u, s), _mm256_set1_ps(1.0f));
-  const __m256i half = _mm256_srai_epi32(q, 1), bias = _mm256_set1_epi32(0x7f);
-  const __m256 p1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
-  const __m256 p2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(q, half), bias), 23));
-  u = _mm256_mul_ps(_mm256_mul_ps(u, p1), p2);
-  u = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ), u);
-  return _mm256_blendv_ps(u, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(_mm256_set1_ps(100.0f), x, _CMP_LT_OQ));
+  *q_out = q;
+  return _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(s, s), u, s), _mm256_set1_ps(1.0f));
+}
+
+// 2^q as a float, for q + 127 in [1, 254]; q = INT_MIN (a NaN's) gives 1.
+TORCHNEURON_INLINE __m256 power_of_two(__m256i q) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(q, _mm256_set1_epi32(0x7f)), 23));
+}
+
+TORCHNEURON_INLINE __m256 exp_like_sleef(__m256 x) {
+  asm("" : "+x"(x));  // as isa_avx512.cpp: keep a negation that produced x
+  __m256i q;
+  const __m256 u = exp_reduced(x, &q);
+  const __m256i half = _mm256_srai_epi32(q, 1);
+  __m256 e = _mm256_mul_ps(_mm256_mul_ps(u, power_of_two(half)), power_of_two(_mm256_sub_epi32(q, half)));
+  e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ), e);
+  return _mm256_blendv_ps(e, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(_mm256_set1_ps(100.0f), x, _CMP_LT_OQ));
 }
 
 // The device's tanh (tanh.h), eight lanes at a time: isa_avx512.cpp's
-// operations one for one, so the same bits (the exp above equals its).
+// operations one for one, so the same bits. Its exp takes 2|x| <= 88, where
+// q <= 127 and one power of two scales u exactly as the library's two do.
 TORCHNEURON_INLINE __m256 tanh_float8(__m256 x) {
   const __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
   const __m256 a = _mm256_andnot_ps(sign, x);
-  const __m256 e = exp_like_sleef(_mm256_add_ps(a, a));
-  const __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)));
   const __m256 z = _mm256_mul_ps(a, a);
   __m256 p = _mm256_set1_ps(0x1.fd7b92p-14f);
   p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-0x1.b8ff36p-11f));
@@ -77,14 +87,22 @@ TORCHNEURON_INLINE __m256 tanh_float8(__m256 x) {
   p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-0x1.b9fbd8p-5f));
   p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(0x1.11105ep-3f));
   p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-0x1.555552p-2f));
-  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(a, z), p, a);
-  const __m256 y = _mm256_blendv_ps(large, small, _mm256_cmp_ps(a, one, _CMP_LT_OQ));
+  __m256 y = _mm256_fmadd_ps(_mm256_mul_ps(a, z), p, a);
+  const __m256 small = _mm256_cmp_ps(a, one, _CMP_LT_OQ);
+  if (_mm256_movemask_ps(small) != 0xff) {
+    __m256i q;
+    const __m256 u = exp_reduced(_mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_add_ps(a, a)), &q);
+    const __m256 e = _mm256_mul_ps(u, power_of_two(q));
+    const __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)));
+    y = _mm256_blendv_ps(large, y, small);
+  }
   return _mm256_or_ps(y, _mm256_and_ps(sign, x));
 }
 
-// simd_loops.h's operations. Four vectors a chunk keep acc and arg in half
-// of the 16 registers, leaving the rest to the functions' temporaries.
-constexpr int chain_vectors = 4;
+// simd_loops.h's operations. Eight vectors a chunk fill the 16 registers
+// with acc and arg, so some spill to L1; four, with half the micro-ops'
+// dispatches amortised, ran chains slower.
+constexpr int chain_vectors = 8;
 
 template <typename T>
 struct S;

@@ -36,6 +36,26 @@ namespace {
 
 #define TORCHNEURON_INLINE __attribute__((always_inline)) inline
 
+// x / ln 2 rounded to nearest (q, kept as a float: the library converts it
+// to an integer and back, which gives the same value wherever the result is
+// not overridden by the bounds), and e^x before the bounds: u * 2^q. The
+// library multiplies by 2^(q/2), which is exact (u is near 1, q/2 >= -75 in
+// range), then by 2^(q - q/2), rounding once: the single rounding of scalef.
+TORCHNEURON_INLINE __m512 exp_unbounded(__m512 x) {
+  const __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 s = _mm512_fmadd_ps(q, _mm512_set1_ps(-0x1.62e4p-1f), x);  // x - q ln 2, in two parts
+  s = _mm512_fmadd_ps(q, _mm512_set1_ps(-0x1.7f7d1cp-20f), s);
+  __m512 u = _mm512_set1_ps(0x1.a057b4p-13f);
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.6d2d92p-10f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.11114cp-7f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.5554f4p-5f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.555556p-3f));
+  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.0p-1f));
+  u = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s), _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(u, q);
+}
+
 // SLEEF's expf16_u10 written out inline: the library's algorithm (Cody-Waite
 // reduction by ln 2, a degree-6 polynomial, scaling by 2^q, then the bounds)
 // with its constants. Two steps take fewer instructions for the same values:
@@ -52,25 +72,8 @@ TORCHNEURON_INLINE __m512 exp_like_sleef(__m512 x) {
   // it into a constant below ((-v) * c as v * -c), which flips a NaN's sign
   // (GCC does not keep NaN signs; the library's result keeps x's).
   asm("" : "+v"(x));
-  // q = x / ln 2 rounded to nearest, kept as a float: the library converts
-  // it to an integer and back, which gives the same value wherever the result
-  // is not overridden by the bounds below.
-  const __m512 q = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 s = _mm512_fmadd_ps(q, _mm512_set1_ps(-0x1.62e4p-1f), x);  // x - q ln 2, in two parts
-  s = _mm512_fmadd_ps(q, _mm512_set1_ps(-0x1.7f7d1cp-20f), s);
-  __m512 u = _mm512_set1_ps(0x1.a057b4p-13f);
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.6d2d92p-10f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.11114cp-7f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.5554f4p-5f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.555556p-3f));
-  u = _mm512_fmadd_ps(u, s, _mm512_set1_ps(0x1.0p-1f));
-  u = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(s, s), u, s), _mm512_set1_ps(1.0f));
-  // u * 2^q. The library multiplies by 2^(q/2), which is exact (u is near 1,
-  // q/2 >= -75 in range), then by 2^(q - q/2), rounding once: the single
-  // rounding of scalef.
-  u = _mm512_scalef_ps(u, q);
-  u = _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), _mm512_setzero_ps());
+  const __m512 u = _mm512_mask_mov_ps(exp_unbounded(x), _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.0f), _CMP_LT_OQ),
+                                      _mm512_setzero_ps());
   return _mm512_mask_mov_ps(u, _mm512_cmp_ps_mask(_mm512_set1_ps(100.0f), x, _CMP_LT_OQ),
                             _mm512_set1_ps(__builtin_inff()));
 }
@@ -79,16 +82,11 @@ TORCHNEURON_INLINE __m512 exp_like_sleef(__m512 x) {
 TORCHNEURON_INLINE __m512 tanh_float16(__m512 x) {
   const __m512i sign = _mm512_set1_epi32(int32_t(0x80000000u));
   const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));
-  // |x| >= 1: 1 - 2 / (1 + e^2|x|). The quotient is at most 0.24, so its
-  // rounding errors and exp's (under one ulp) shrink by the subtraction;
-  // e^2|x| = inf (|x| > 44) gives exactly 1, as does anything above 9.01.
-  const __m512 one = _mm512_set1_ps(1.0f);
-  const __m512 e = exp_like_sleef(_mm512_add_ps(a, a));
-  const __m512 large = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(one, e)));
   // |x| < 1: |x| + |x|^3 P(x^2), P of degree 7 fitted for the least largest
   // relative error of the result (an iteratively reweighted least-squares fit
   // in double, coefficients rounded to float). The correction term is at most
   // a third of the result, so its errors shrink too; subnormals give |x|.
+  const __m512 one = _mm512_set1_ps(1.0f);
   const __m512 z = _mm512_mul_ps(a, a);
   __m512 p = _mm512_set1_ps(0x1.fd7b92p-14f);
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-0x1.b8ff36p-11f));
@@ -98,10 +96,20 @@ TORCHNEURON_INLINE __m512 tanh_float16(__m512 x) {
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-0x1.b9fbd8p-5f));
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(0x1.11105ep-3f));
   p = _mm512_fmadd_ps(p, z, _mm512_set1_ps(-0x1.555552p-2f));
-  const __m512 small = _mm512_fmadd_ps(_mm512_mul_ps(a, z), p, a);
-  // A NaN compares false and takes the first form, which keeps its payload;
-  // x's sign then goes back on every result.
-  const __m512 y = _mm512_mask_mov_ps(large, _mm512_cmp_ps_mask(a, one, _CMP_LT_OQ), small);
+  __m512 y = _mm512_fmadd_ps(_mm512_mul_ps(a, z), p, a);
+  // |x| >= 1, or NaN (which compares false and keeps its payload through
+  // exp): 1 - 2 / (1 + e^2|x|), computed only where some lane needs it. The
+  // quotient is at most 0.24, so its rounding errors and exp's (under one
+  // ulp) shrink by the subtraction. Anything above 9.01 gives exactly 1, so
+  // 2|x| is capped at 88 (NaN kept), where e^88 is finite and the bounds
+  // change nothing.
+  const __mmask16 small = _mm512_cmp_ps_mask(a, one, _CMP_LT_OQ);
+  if (small != 0xffff) {
+    const __m512 e = exp_unbounded(_mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_add_ps(a, a)));
+    const __m512 large = _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(one, e)));
+    y = _mm512_mask_mov_ps(large, small, y);
+  }
+  // x's sign goes back on every result.
   return _mm512_castsi512_ps(
       _mm512_or_si512(_mm512_castps_si512(y), _mm512_and_si512(sign, _mm512_castps_si512(x))));
 }

@@ -37,35 +37,13 @@ uint32_t bits_of(float f) {
   return b;
 }
 
-// isa_avx2.cpp's exp (SLEEF's expf), one element: the same IEEE operations,
-// with std::fma for each fused multiply-add, so the same bits. It serves the
-// device's tanh only: ATen's sigmoid at this level calls libm's exp.
-inline float exp_like_sleef(float x) {
-  const float q = std::nearbyint(x * 0x1.715476p+0f);
-  float s = std::fma(q, -0x1.62e4p-1f, x);
-  s = std::fma(q, -0x1.7f7d1cp-20f, s);
-  float u = 0x1.a057b4p-13f;
-  u = std::fma(u, s, 0x1.6d2d92p-10f);
-  u = std::fma(u, s, 0x1.11114cp-7f);
-  u = std::fma(u, s, 0x1.5554f4p-5f);
-  u = std::fma(u, s, 0x1.555556p-3f);
-  u = std::fma(u, s, 0x1.0p-1f);
-  u = std::fma(s * s, u, s) + 1.0f;
-  // Beyond the bounds (and for NaN, where u is already NaN) q only has to
-  // stay a small integer.
-  const int k = q >= -200.0f && q <= 200.0f ? int(q) : 0, half = k >> 1;
-  u = u * from_bits(uint32_t(half + 0x7f) << 23) * from_bits(uint32_t(k - half + 0x7f) << 23);
-  if (x < -104.0f) u = 0.0f;
-  return 100.0f < x ? __builtin_inff() : u;
-}
-
-// The device's tanh (tanh.h), one element: isa_avx512.cpp's operations one
-// for one.
+// The device's tanh (tanh.h), one element: isa_avx2.cpp's operations one for
+// one, with std::fma for each fused multiply-add, so the same bits. Its exp
+// (SLEEF's expf, as there) takes 2|x| <= 88; ATen's sigmoid at this level
+// calls libm's exp instead.
 inline float tanh_float1(float x) {
   const uint32_t sign = bits_of(x) & 0x80000000u;
   const float a = from_bits(bits_of(x) & 0x7fffffffu);
-  const float e = exp_like_sleef(a + a);
-  const float large = 1.0f - 2.0f / (1.0f + e);
   const float z = a * a;
   float p = 0x1.fd7b92p-14f;
   p = std::fma(p, z, -0x1.b8ff36p-11f);
@@ -75,8 +53,24 @@ inline float tanh_float1(float x) {
   p = std::fma(p, z, -0x1.b9fbd8p-5f);
   p = std::fma(p, z, 0x1.11105ep-3f);
   p = std::fma(p, z, -0x1.555552p-2f);
-  const float small = std::fma(a * z, p, a);
-  return from_bits(bits_of(a < 1.0f ? small : large) | sign);
+  float y = std::fma(a * z, p, a);
+  if (!(a < 1.0f)) {
+    const float t = 88.0f < a + a ? 88.0f : a + a;  // NaN stays NaN
+    const float q = std::nearbyint(t * 0x1.715476p+0f);
+    float s = std::fma(q, -0x1.62e4p-1f, t);
+    s = std::fma(q, -0x1.7f7d1cp-20f, s);
+    float u = 0x1.a057b4p-13f;
+    u = std::fma(u, s, 0x1.6d2d92p-10f);
+    u = std::fma(u, s, 0x1.11114cp-7f);
+    u = std::fma(u, s, 0x1.5554f4p-5f);
+    u = std::fma(u, s, 0x1.555556p-3f);
+    u = std::fma(u, s, 0x1.0p-1f);
+    u = std::fma(s * s, u, s) + 1.0f;
+    const int k = q == q ? int(q) : 0;  // NaN: u is NaN already
+    const float e = u * from_bits(uint32_t(k + 0x7f) << 23);
+    y = 1.0f - 2.0f / (1.0f + e);
+  }
+  return from_bits(bits_of(y) | sign);
 }
 
 // simd_loops.h's operations on GCC's generic vectors.
