@@ -66,6 +66,11 @@ TORCHNEURON_INLINE __m256 exp_like_sleef(__m256 x) {
   asm("" : "+x"(x));  // as isa_avx512.cpp: keep a negation that produced x
   __m256i q;
   const __m256 u = exp_reduced(x, &q);
+  // Within [-87, 88] (NaN is not), q + 127 is in [1, 254]: one power of two
+  // scales u as the library's two do, and the bounds change nothing.
+  const __m256 in_range = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ),
+                                        _mm256_cmp_ps(x, _mm256_set1_ps(88.0f), _CMP_LE_OQ));
+  if (_mm256_movemask_ps(in_range) == 0xff) return _mm256_mul_ps(u, power_of_two(q));
   const __m256i half = _mm256_srai_epi32(q, 1);
   __m256 e = _mm256_mul_ps(_mm256_mul_ps(u, power_of_two(half)), power_of_two(_mm256_sub_epi32(q, half)));
   e = _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-104.0f), _CMP_LT_OQ), e);
