@@ -135,6 +135,7 @@ struct S<float> {
   static TORCHNEURON_INLINE Mask two_nans(Mask m, V a, V b) {
     return _mm256_or_ps(m, _mm256_and_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q)));
   }
+  static TORCHNEURON_INLINE Mask either_nan(Mask m, V a, V b) { return _mm256_or_ps(m, _mm256_cmp_ps(a, b, _CMP_UNORD_Q)); }
   static TORCHNEURON_INLINE bool any(Mask m) { return _mm256_movemask_ps(m) != 0; }
   static TORCHNEURON_INLINE V exp(V a) { return exp_like_sleef(a); }
   static TORCHNEURON_INLINE V library_exp(V a) { return Sleef_expf8_u10(a); }
@@ -165,6 +166,7 @@ struct S<double> {
   static TORCHNEURON_INLINE Mask two_nans(Mask m, V a, V b) {
     return _mm256_or_pd(m, _mm256_and_pd(_mm256_cmp_pd(a, a, _CMP_UNORD_Q), _mm256_cmp_pd(b, b, _CMP_UNORD_Q)));
   }
+  static TORCHNEURON_INLINE Mask either_nan(Mask m, V a, V b) { return _mm256_or_pd(m, _mm256_cmp_pd(a, b, _CMP_UNORD_Q)); }
   static TORCHNEURON_INLINE bool any(Mask m) { return _mm256_movemask_pd(m) != 0; }
   static TORCHNEURON_INLINE V exp(V a) { return Sleef_expd4_u10(a); }
   static bool library_present() { return Sleef_expd4_u10 != nullptr; }

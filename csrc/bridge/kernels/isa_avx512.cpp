@@ -144,6 +144,7 @@ struct S<float> {
   static TORCHNEURON_INLINE Mask two_nans(Mask m, V a, V b) {
     return m | (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q));
   }
+  static TORCHNEURON_INLINE Mask either_nan(Mask m, V a, V b) { return m | _mm512_cmp_ps_mask(a, b, _CMP_UNORD_Q); }
   static TORCHNEURON_INLINE bool any(Mask m) { return m != 0; }
   static TORCHNEURON_INLINE V exp(V a) { return exp_like_sleef(a); }
   static TORCHNEURON_INLINE V library_exp(V a) { return Sleef_expf16_u10(a); }
@@ -174,6 +175,7 @@ struct S<double> {
   static TORCHNEURON_INLINE Mask two_nans(Mask m, V a, V b) {
     return m | (_mm512_cmp_pd_mask(a, a, _CMP_UNORD_Q) & _mm512_cmp_pd_mask(b, b, _CMP_UNORD_Q));
   }
+  static TORCHNEURON_INLINE Mask either_nan(Mask m, V a, V b) { return m | _mm512_cmp_pd_mask(a, b, _CMP_UNORD_Q); }
   static TORCHNEURON_INLINE bool any(Mask m) { return m != 0; }
   static TORCHNEURON_INLINE V exp(V a) { return Sleef_expd8_u10(a); }
   static bool library_present() { return Sleef_expd8_u10 != nullptr; }

@@ -111,6 +111,7 @@ struct S {
   static TORCHNEURON_INLINE V min(V bound, V a) { return bound < a ? bound : a; }
   static TORCHNEURON_INLINE Mask none() { return Mask{}; }
   static TORCHNEURON_INLINE Mask two_nans(Mask m, V a, V b) { return m | ((a != a) & (b != b)); }
+  static TORCHNEURON_INLINE Mask either_nan(Mask m, V a, V b) { return m | (a != a) | (b != b); }
   static TORCHNEURON_INLINE bool any(Mask m) {
     I any = 0;
     for (int64_t i = 0; i < lanes; ++i) any |= m[i];

@@ -6,7 +6,8 @@
 // for one level can stand in for another's at link time.
 //
 // S<T> gives: V (a vector) and lanes; Mask, none(), two_nans(m, a, b) (m or
-// "both a and b are NaN" per lane) and any(m); load, store(p, v, stream),
+// "both a and b are NaN" per lane), either_nan(m, a, b) (m or "a or b is
+// NaN") and any(m); load, store(p, v, stream),
 // splat; add, sub, mul, div (single IEEE operations); flip_sign, clear_sign;
 // max(bound, a) and min(bound, a), returning a when either is NaN or both
 // are zeros (x86's maxps and minps with a second); exp, the exp ATen's vector
@@ -287,10 +288,15 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
   arg_from_acc:
     arg = acc;
     TORCHNEURON_NEXT;
-  check:
+  check: {  // "either is NaN" first, one comparison a vector: NaNs are rare
+    typename A::Mask either = A::none();
 #pragma GCC unroll 16
-    for (int k = 0; k < chain_vectors; ++k) two_nans = A::two_nans(two_nans, acc.v[k], arg.v[k]);
+    for (int k = 0; k < chain_vectors; ++k) either = A::either_nan(either, acc.v[k], arg.v[k]);
+    if (A::any(either))
+#pragma GCC unroll 16
+      for (int k = 0; k < chain_vectors; ++k) two_nans = A::two_nans(two_nans, acc.v[k], arg.v[k]);
     TORCHNEURON_NEXT;
+  }
   add:
     acc = acc.map(A::add, arg);
     TORCHNEURON_NEXT;
