@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+import torchneuron
+
 from .common import CPU, NEURON, Config, compare, median, timed
 from .limits import triad
 
@@ -130,18 +132,23 @@ def _chain_against_triad(make, elements: int, library, repeats: int) -> dict:
         fractions.append(t_triad / t_chain)
         if library:
             floors.append(t_triad / _library_floor_s(library, elements))
-    r = {"fraction_of_triad_alongside": median(fractions)}
+    # The instruction set fusion's loops ran on (ATEN_CPU_CAPABILITY can force
+    # a lower one) and the highest the host has.
+    r = {"fraction_of_triad_alongside": median(fractions), "isa": torchneuron._C._isa(),
+         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability()}
     if library:
         r["library"] = [f.__name__ for f in library]
         r["library_floor_fraction_of_triad"] = median(floors)  # the most that floor allows
     return r
 
 
-def run(cfg: Config, bar, limits: dict) -> dict:
+def run(cfg: Config, bar, limits: dict, only=None) -> dict:
     bw = limits["triad"]["gbytes_per_s"] * 1e9
     peak = limits["matmul"]["gflops"] * 1e9
     out = {}
     for name, (make, work) in _cases(cfg).items():
+        if only and not only(name):
+            continue
         r = compare(make, cfg, warmup=2)
         if "library" in work:
             work = dict(work)
@@ -157,3 +164,18 @@ def run(cfg: Config, bar, limits: dict) -> dict:
         out[name] = r
         bar.update(1)
     return out
+
+
+if __name__ == "__main__":
+    # The fused chains alone, with their targets:
+    #   python -m benchmarks.large_ops [--smoke]    (ATEN_CPU_CAPABILITY=avx2 forces the AVX2 path)
+    from . import limits as machine_limits
+    from . import report
+    from .common import run_alone
+
+    def chains(cfg, bar):
+        torch.empty(1, device="neuron")
+        lim = machine_limits.run(cfg, bar)
+        return run(cfg, bar, lim, only=lambda name: name.startswith("elementwise_chain"))
+
+    run_alone("large_ops", chains, lambda res: [t for t in report.targets(res) if t["group"] == "fusion"])

@@ -242,14 +242,13 @@ def _follow_growth(st, ns, before, failed, levels):
 def _follow_levels(st, ns, levels):
     """How each storage's values are compared after `st` ran on the CPU: values computed with the
     device's own tanh within ulps, what is computed from those not at all."""
-    own_tanh = torchneuron._C._has_own_tanh()
     level = EXACT
     for name in st.reads:
         for _, v in _entries(name, ns.get(name)):
             key = (v.untyped_storage().data_ptr(), v.untyped_storage().nbytes()) if isinstance(v, torch.Tensor) else ("name", name)
             level = max(level, UNCOMPARED if levels.get(key, EXACT) else EXACT)
     written = [v for w in st.writes if w in ns for _, v in _entries(w, ns[w])]
-    if own_tanh and OWN_TANH.search(st.code) and any(
+    if OWN_TANH.search(st.code) and any(
             isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.complex64)
             for t in written + [ns.get(n) for n in st.reads]):
         direct = DIRECT_TANH.search(st.code) and st.kind in ("unary", "in_place", "out")

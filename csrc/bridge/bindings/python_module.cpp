@@ -14,7 +14,7 @@
 #include "../exec/thread_count.h"
 #include "../generator.h"
 #include "../host_allocator.h"
-#include "../kernels/tanh.h"
+#include "../kernels/isa.h"
 #include "../kernels/vector_math.h"
 #include "../op_tracking.h"
 #include "../ops/kernels.h"
@@ -219,7 +219,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_host_thread_count", &set_host_thread_count);  // exec/thread_count.h
   m.def("_min_fusable_numel", &min_fusable_numel);
   m.def("_adaptive_eager_enabled", &adaptive_eager_enabled);
-  m.def("_has_own_tanh", &kernels::has_own_tanh);  // the device's float32 tanh (kernels/tanh.h)
+  // The instruction set the device's own loops run on (kernels/isa.h), and
+  // the highest this host supports.
+  m.def("_isa", [] {
+    py::dict d;
+    d["path"] = isa::kernels().name;
+    d["host"] = isa::host_level();
+    return d;
+  });
   m.def("_fusion_computes_as_unfused", [](const std::string& op, at::ScalarType dtype) {
     return vector_math::as_unfused(op, dtype) != nullptr;
   });

@@ -8,8 +8,6 @@
 #include <ATen/TensorIterator.h>  // GRAIN_SIZE: the split unfused kernels use
 #include <ATen/ops/empty.h>
 
-#include <immintrin.h>
-
 #include <algorithm>
 
 #include "../exec/host_views.h"
@@ -27,22 +25,6 @@ namespace {
 // stores (stream_copy), unless the group reads it again: it would leave every
 // cache level a core can count on before the next operator reads it.
 constexpr int64_t kStreamBytes = 32 << 20;
-// Exact members that run one by one (no chains on this machine) prefetch
-// their memory inputs this many slices ahead into L2, each member of a run a
-// share of the lines, so that the requests are spread over the run's compute
-// instead of bunched where the first member reads. Chains prefetch for
-// themselves, and runs with chains do without it.
-constexpr int64_t kPrefetchSlices = 2;
-
-// Prefetches into L2 share `part` of `parts` of the slice of `kSlice`
-// elements (`left` of them before the thread's range ends) at `at`.
-void prefetch_l2(const char* at, int64_t left, size_t itemsize, int64_t part, int64_t parts) {
-  if (left <= 0) return;  // past the range
-  const int64_t bytes = std::min(kSlice, left) * int64_t(itemsize);
-  for (int64_t b = (bytes * part / parts) & ~63, e = (bytes * (part + 1) / parts) & ~63; b < e; b += 64)
-    _mm_prefetch(at + b, _MM_HINT_T2);
-}
-
 // A tensor whose metadata a piece loop may rewrite: a private TensorImpl over
 // the same storage (the member's own view may be shared with other threads).
 at::Tensor slice_view(const at::Tensor& t) {
@@ -160,15 +142,13 @@ class RangeRun {
   };
   // A run of exact members, by its first member: its segments (chains, and
   // members that cannot chain, such as a library function other than sigmoid
-  // and the device's tanh, on their own) and, without chains, the inputs it
-  // reads from memory, whose prefetch the members share (with item sizes).
+  // and the device's tanh, on their own).
   struct Segment {
     size_t first, end;
     ChainProgram chain;  // empty: member by member
   };
   struct Run {
     size_t end = 0;
-    std::vector<std::pair<const Lane*, size_t>> inputs;
     std::vector<Segment> segments;
   };
 
@@ -315,16 +295,6 @@ class RangeRun {
     Run& run = runs_[first];
     run.end = first;
     while (run.end < members_.size() && members_[run.end].exact) ++run.end;
-    const bool chains = chain_chunk(members_[first].exact->dtype) > 0;  // none on this machine: one segment
-    if (!chains) {
-      for (size_t k = first; k < run.end; ++k)
-        for (const Lane* l : {&lanes_[k].self, &lanes_[k].other})
-          if (l->base && !l->scratch && l->step == 1 &&
-              std::none_of(run.inputs.begin(), run.inputs.end(), [&](auto& i) { return i.first->base == l->base; }))
-            run.inputs.emplace_back(l, c10::elementSize(members_[k].exact->dtype));
-      run.segments.push_back({first, run.end, {}});
-      return;
-    }
     for (size_t k = first; k < run.end;) {
       size_t stop = k + 1;
       std::vector<ChainStep> chain = chain_of(k, stop, run.end);
@@ -338,17 +308,13 @@ class RangeRun {
     }
   }
 
-  // Members [from, to) of the run starting at `first`, over `n` elements of
-  // the slice at `s` of the piece at `lo`, one by one in L1.
-  void run_exact_members(const Run& run, size_t first, size_t from, size_t to, int64_t lo, int64_t s, int64_t n) {
+  // Members [from, to), over `n` elements of the slice at `s` of the piece
+  // at `lo`, one by one in L1.
+  void run_exact_members(size_t from, size_t to, int64_t lo, int64_t s, int64_t n) {
     for (size_t m = from; m < to; ++m) {
       current_ = m;  // names the member in errors
       const Lanes& l = lanes_[m];
       const size_t size = c10::elementSize(members_[m].exact->dtype);
-      // This member's share of the prefetch of a later slice.
-      const int64_t ahead = s + kPrefetchSlices * kSlice;
-      for (auto [input, itemsize] : run.inputs)
-        prefetch_l2(input->at(lo, ahead, itemsize), end_ - ahead, itemsize, m - first, run.end - first);
       char* out = const_cast<char*>(l.out.at(lo, s, size));
       const SliceOperand self{l.self.at(lo, s, size), l.self.step}, other{l.other.at(lo, s, size), l.other.step};
       // Slices start where ATen's vector loop would, so a declined one takes
@@ -369,7 +335,7 @@ class RangeRun {
       const int64_t n = std::min(kSlice, lo + len - s);
       for (const Segment& g : run.segments) {
         if (g.chain.empty()) {
-          run_exact_members(run, first, g.first, g.end, lo, s, n);
+          run_exact_members(g.first, g.end, lo, s, n);
           continue;
         }
         // A chain computes whole chunks in registers, up to a chunk in which
@@ -379,7 +345,7 @@ class RangeRun {
         for (int64_t i = 0; i < n;) {
           i += run_chain(g.chain, s, s + i, n - i);
           const int64_t rest = std::min(chunk, n - i);
-          if (rest > 0) run_exact_members(run, first, g.first, g.end, lo, s + i, rest);
+          if (rest > 0) run_exact_members(g.first, g.end, lo, s + i, rest);
           i += rest;
         }
       }

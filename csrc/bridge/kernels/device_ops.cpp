@@ -18,7 +18,7 @@ bool tanh_kernel(Form form, torch::jit::Stack* stack) {
   const size_t args = form == Form::Out ? 2 : 1;
   const at::Tensor& self = (*stack)[stack->size() - args].toTensor();
   at::Tensor out = form == Form::Out ? stack->back().toTensor() : form == Form::InPlace ? self : at::Tensor();
-  if (!kernels::has_own_tanh() || self.scalar_type() != at::kFloat || (out.defined() && out.scalar_type() != at::kFloat))
+  if (self.scalar_type() != at::kFloat || (out.defined() && out.scalar_type() != at::kFloat))
     return false;
   at::TensorIterator iter = at::TensorIterator::unary_float_op(out, self);
   iter.for_each(

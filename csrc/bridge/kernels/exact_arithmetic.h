@@ -73,8 +73,8 @@ struct ChainStep {
   bool out_in_slice = false;  // `out` is a scratch slot holding the current slice
   bool stream = false;        // `out` is written with non-temporal stores
 };
-// Elements a chunk of run_chain holds in registers; 0 where the chain has
-// no loops for this machine (it needs ATen's AVX512 capability).
+// Elements a chunk of run_chain holds in registers (by the instruction set,
+// isa.h).
 int64_t chain_chunk(c10::ScalarType dtype);
 // A chain compiled once per fused group into micro-ops (exact_chain.cpp).
 struct ChainProgram {

@@ -6,14 +6,13 @@
 #include <ATen/ops/empty.h>
 
 #include <dlfcn.h>
-#include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
 
-#include "sleef_exp.h"
+#include "isa.h"
 #include "tanh.h"
 
 namespace torchneuron::vector_math {
@@ -36,31 +35,6 @@ namespace {
 // The accuracy and error modes ATen's VML wrappers pass: high accuracy,
 // denormals kept, errors ignored.
 constexpr int64_t kVmlMode = 0x2 | 0x140000 | 0x100;
-
-template <typename T>
-T sigmoid_scalar(T x) {
-  return T(1) / (T(1) + std::exp(-x));
-}
-
-__attribute__((target("avx512f"))) __m512 sleef_exp(__m512 v) { return exp_like_sleef(v); }
-__attribute__((target("avx512f"))) __m512d sleef_exp(__m512d v) { return Sleef_expd8_u10(v); }
-
-// ATen's vectorized loop: pairs of vectors of 1 / (exp(-x) + 1) (a negation
-// flips the sign bit, NaNs included), then the remainder in scalar code.
-template <typename T>
-__attribute__((target("avx512f"))) void sigmoid_avx512(T* out, const T* x, int64_t n) {
-  using Vec = std::conditional_t<std::is_same_v<T, float>, __m512, __m512d>;
-  constexpr int64_t lanes = sizeof(Vec) / sizeof(T);
-  int64_t i = 0;
-  for (; i + 2 * lanes <= n; i += 2 * lanes)
-    for (int64_t k = i; k < i + 2 * lanes; k += lanes) {
-      Vec v;
-      std::memcpy(&v, x + k, sizeof v);
-      v = T(1) / (sleef_exp(-v) + T(1));
-      std::memcpy(out + k, &v, sizeof v);
-    }
-  for (; i < n; ++i) out[i] = sigmoid_scalar(x[i]);
-}
 
 // Inputs that take every path: ordinary values over the ranges where the
 // functions bend and saturate, and raw bit patterns (NaNs with payloads of
@@ -101,19 +75,6 @@ bool check(const Unary& fn, c10::ScalarType dtype) {
   return true;
 }
 
-// exp_like_sleef against the library, bit for bit, on every 4093rd float
-// (every exponent, sign and NaN class; a 2^32 sweep took 9 s when written).
-__attribute__((target("avx512f"))) bool inline_exp_matches_library() {
-  for (uint64_t base = 0; base < (uint64_t(1) << 32); base += 16 * 4093) {
-    alignas(64) uint32_t bits[16];
-    for (uint32_t i = 0; i < 16; ++i) bits[i] = uint32_t(base + i * 4093);
-    const __m512 x = _mm512_load_ps(reinterpret_cast<const float*>(bits));
-    if (_mm512_cmpneq_epi32_mask(_mm512_castps_si512(exp_like_sleef(x)), _mm512_castps_si512(Sleef_expf16_u10(x))))
-      return false;
-  }
-  return true;
-}
-
 // MKL is linked into libtorch_cpu, whose symbols may not be global.
 void* mkl_library() {
   static void* const lib = [] {
@@ -144,22 +105,21 @@ Unary* table_checked_once(size_t* size) {
   static std::once_flag once;
   std::call_once(once, [] {
     void* lib = mkl_library();
-    const bool avx512 = at::get_cpu_capability() == "AVX512";
     for (Unary& fn : table) {
       if (fn.vml[0] && lib) {
         fn.vml_float = reinterpret_cast<VmlFloat>(dlsym(lib, fn.vml[0]));
         fn.vml_double = reinterpret_cast<VmlDouble>(dlsym(lib, fn.vml[1]));
       }
       const bool sigmoid = !fn.vml[0];
-      if (std::strcmp(fn.op, "tanh") == 0 && kernels::has_own_tanh()) {
+      if (std::strcmp(fn.op, "tanh") == 0) {
         fn.own_float = kernels::tanh_float;  // what the unfused kernel computes: no check against ATen
         fn.matches[0] = true;
         fn.matches[1] = fn.vml_double != nullptr && check(fn, at::kDouble);
         continue;
       }
-      fn.matches[0] = (sigmoid ? avx512 && Sleef_expf16_u10 && inline_exp_matches_library() : fn.vml_float != nullptr) &&
-                      check(fn, at::kFloat);
-      fn.matches[1] = (sigmoid ? avx512 && Sleef_expd8_u10 : fn.vml_double != nullptr) && check(fn, at::kDouble);
+      const isa::Kernels& k = isa::kernels();
+      fn.matches[0] = (sigmoid ? k.sigmoid_ready(false) : fn.vml_float != nullptr) && check(fn, at::kFloat);
+      fn.matches[1] = (sigmoid ? k.sigmoid_ready(true) : fn.vml_double != nullptr) && check(fn, at::kDouble);
     }
   });
   *size = std::size(table);
@@ -196,11 +156,11 @@ void run(const Unary& fn, c10::ScalarType dtype, char* out, const char* x, int64
   if (dtype == at::kFloat) {
     auto* o = reinterpret_cast<float*>(out);
     auto* a = reinterpret_cast<const float*>(x);
-    fn.own_float ? fn.own_float(o, a, n) : fn.vml_float ? fn.vml_float(n, a, o, kVmlMode) : sigmoid_avx512(o, a, n);
+    fn.own_float ? fn.own_float(o, a, n) : fn.vml_float ? fn.vml_float(n, a, o, kVmlMode) : isa::kernels().sigmoid_float(o, a, n);
   } else {
     auto* o = reinterpret_cast<double*>(out);
     auto* a = reinterpret_cast<const double*>(x);
-    fn.vml_double ? fn.vml_double(n, a, o, kVmlMode) : sigmoid_avx512(o, a, n);
+    fn.vml_double ? fn.vml_double(n, a, o, kVmlMode) : isa::kernels().sigmoid_double(o, a, n);
   }
 }
 

@@ -2,10 +2,12 @@
 // unfused execution on the device computes them, so that they match it bit
 // for bit:
 // * float tanh: the device's own (tanh.h), the function its unfused
-//   kernel computes (device_ops.h), on hosts that have it.
-// * sigmoid: ATen's vector kernel is 1 / (1 + exp(-x)) with SLEEF's exp, two
-//   vectors at a time; the remainder of each call runs the scalar form with
-//   libm's exp. Reproduced on ATen's AVX512 path only.
+//   kernel computes (device_ops.h).
+// * sigmoid: ATen's vector kernel is 1 / (exp(-x) + 1), two vectors at a
+//   time, with SLEEF's exp on ATen's AVX512 and AVX2 paths and libm's
+//   elsewhere; the remainder of each call runs the scalar form with libm's
+//   exp. Reproduced at each instruction-set level by that level's loops
+//   (isa.h).
 // * tanh (double), exp, log, sqrt, sin, cos, erf, ...: ATen hands them to
 //   MKL's vector math (VML), which computes each element on its own, however
 //   calls are cut.
