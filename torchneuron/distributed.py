@@ -16,7 +16,7 @@ from . import _C, _torch_patches
 
 def _create_backend(options, _backend_options=None):
     gloo = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
-    return _C._NeuronBackend(gloo, options.group_rank, options.group_size)
+    return _C._NeuronBackend(gloo, options.group_rank, options.group_size, options.timeout)
 
 
 def register() -> None:
