@@ -113,12 +113,12 @@ void run_collective(CallState& s, c10d::Backend& gloo, const NeuronBackend::Laun
 // communication stream's order, as a device backend's future is.
 class NeuronWork final : public Work {
  public:
-  NeuronWork(std::shared_ptr<CallState> state, rt::Event done, c10::Stream comm, std::vector<at::Tensor> keep,
+  NeuronWork(std::shared_ptr<CallState> state, c10::Stream comm, std::vector<at::Tensor> keep,
              std::vector<at::Tensor> outputs)
-      : Work(-1, state->type), state_(std::move(state)), done_(std::move(done)), comm_(comm), keep_(std::move(keep)),
+      : Work(-1, state->type), state_(std::move(state)), comm_(comm), keep_(std::move(keep)),
         outputs_(std::move(outputs)) {}
 
-  bool isCompleted() override { return done_.query(); }
+  bool isCompleted() override { return state_->stream->is_complete(state_->seq); }
   bool isSuccess() const override { return !state_->failure(); }
   std::exception_ptr exception() const override { return state_->failure(); }
   int sourceRank() const override {
@@ -133,7 +133,11 @@ class NeuronWork final : public Work {
   bool wait(milliseconds timeout) override {
     if (state_->type == OpType::BARRIER || timeout != ::kNoTimeout) host_wait(timeout);
     if (auto error = state_->failure()) std::rethrow_exception(error);
-    translate_errors([&] { done_.block(current_runtime_stream(comm_.device_index())); });
+    translate_errors([&] {
+      rt::Stream& caller = current_runtime_stream(comm_.device_index());
+      if (&caller == state_->stream || isCompleted()) return;
+      caller.enqueue("c10d_wait", [on = state_->stream, seq = state_->seq] { on->wait_until(seq); });
+    });
     return true;
   }
 
@@ -163,7 +167,6 @@ class NeuronWork final : public Work {
   }
 
   std::shared_ptr<CallState> state_;
-  rt::Event done_;
   c10::Stream comm_;
   std::vector<at::Tensor> keep_, outputs_;
   std::mutex mu_;
@@ -275,27 +278,27 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
   const c10::Stream comm(c10::Stream::UNSAFE, c10::Device(kNeuron, device), comm_stream(device));
   auto state = std::make_shared<CallState>();
   const std::string& desc = getGroupDesc();
-  state->what = std::string(name) + " on group " + getGroupUid() + (desc.empty() ? "" : " (" + desc + ")") +
+  state->what = std::string(name) + " on group " + getGroupUid() + (desc.empty() || desc == "undefined" ? "" : " (" + desc + ")") +
                 ", rank " + std::to_string(getRank()) + " of " + std::to_string(getSize());
   state->type = type;
   state->timeout = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   if (outputs.empty()) state->host_future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   // the allocator reuses none of these before the communication stream is past the collective
   for (const auto& t : o.keep) device_allocator().recordStream(t.storage().data_ptr(), comm);
-  rt::Event done;
   translate_errors([&] {
     rt::Stream& caller = current_runtime_stream(device);
     rt::Stream& on = runtime_stream(comm);
-    rt::Event ready;
-    ready.record(caller);
-    ready.block(on);
+    if (!caller.query()) {  // the collective follows the caller's queued work
+      rt::Event ready;
+      ready.record(caller);
+      ready.block(on);
+    }
     state->stream = &on;
     state->seq = on.enqueue(rt::TaskName(name), [state, gloo = gloo_, launch = std::move(launch)] {
       run_collective(*state, *gloo, launch);
     });
-    done.record(on);
   });
-  return c10::make_intrusive<NeuronWork>(std::move(state), std::move(done), comm, std::move(o.keep), std::move(outputs));
+  return c10::make_intrusive<NeuronWork>(std::move(state), comm, std::move(o.keep), std::move(outputs));
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
