@@ -114,6 +114,16 @@ def _collectives(rank, size):
         return [t]
     both("send, recv", send_recv)
 
+    def exchange(d):  # every rank sends before it receives: neither may wait for its send first
+        peer = rank ^ 1
+        a, b, c = data.to(d) * (rank + 1), torch.empty_like(data, device=d), torch.empty_like(data, device=d)
+        for req in [dist.isend(a, peer), dist.irecv(b, peer)]:
+            req.wait()
+        for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, a * 2, peer), dist.P2POp(dist.irecv, c, peer)]):
+            req.wait()
+        return [b * 1, c * 1]
+    both("isend, irecv exchange; batch_isend_irecv", exchange)
+
     def premul_sum(d):
         # gloo refuses PREMUL_SUM: the neuron backend pre-scales and sums, the CPU reference
         # scales by hand and sums on gloo

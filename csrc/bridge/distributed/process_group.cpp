@@ -3,6 +3,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/StreamGuard.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -55,16 +56,24 @@ std::string seconds(double s) {
   return buf;
 }
 
-// What a collective's task and its Work share.
+} // namespace
+
 struct CallState {
   std::string what;  // "all_reduce on group 0 (default_pg), rank 1 of 2"
   OpType type;
   milliseconds timeout;
   rt::Stream* stream = nullptr;
   uint64_t seq = 0;  // the task's, on `stream`
+  // Point-to-point: the task only issues gloo's call, `inner`, which finishes
+  // on its own; a Work's wait() waits for it on the caller's stream. (Waiting
+  // on the communication stream would deadlock an exchange, each rank's send
+  // ahead of its receive.) `keep` holds the tensors until gloo is done.
+  bool p2p = false;
+  std::vector<at::Tensor> keep;
+  std::chrono::steady_clock::time_point start;
   mutable std::mutex mu;
+  c10::intrusive_ptr<Work> inner;
   std::exception_ptr error;
-  int source_rank = -1;  // recv from any source
   // Collectives without outputs (barrier, send) have a host future the task
   // completes; the others' futures are the device's (NeuronWork::getFuture).
   c10::intrusive_ptr<c10::ivalue::Future> host_future;
@@ -73,39 +82,69 @@ struct CallState {
     std::lock_guard<std::mutex> lock(mu);
     return error;
   }
+  c10::intrusive_ptr<Work> issued() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return inner;
+  }
 };
 
-// A collective, on its communication stream: gloo's call, waited for no
-// longer than the timeout and the grace. A failure is reported on stderr at
-// once (a rank whose host never synchronises still says why it stopped) and
-// thrown, so that the device keeps it as its error.
-void run_collective(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch) {
-  const auto start = std::chrono::steady_clock::now();
+namespace {
+
+// A failed collective: reported on stderr at once (a rank whose host never
+// synchronises still says why it stopped) and thrown as DistBackendError
+// naming it, so that the device keeps it as its error.
+[[noreturn]] void fail(CallState& s, const std::exception& e) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string message = "neuron backend: " + s.what + " failed after " + seconds(elapsed) + " s (timeout " +
+                              seconds(s.timeout.count() / 1000.0) +
+                              " s): " + (c10_error ? c10_error->what_without_backtrace() : e.what());
+  std::cerr << "[torchneuron.distributed] " << message << std::endl;
+  std::exception_ptr error;
   try {
-    auto work = launch(gloo);
-    work->wait(s.timeout + kWatchdogGrace);
-    if (s.type == OpType::RECVANYSOURCE) s.source_rank = work->sourceRank();
-  } catch (const std::exception& e) {
-    const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
-    const std::string message = "neuron backend: " + s.what + " failed after " + seconds(elapsed) + " s (timeout " +
-                                seconds(s.timeout.count() / 1000.0) +
-                                " s): " + (c10_error ? c10_error->what_without_backtrace() : e.what());
-    std::cerr << "[torchneuron.distributed] " << message << std::endl;
-    std::exception_ptr error;
-    try {
-      C10_THROW_ERROR(DistBackendError, message);
-    } catch (...) {
-      error = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(s.mu);
-      s.error = error;
-    }
-    if (s.host_future) s.host_future->setError(error);
-    std::rethrow_exception(error);
+    C10_THROW_ERROR(DistBackendError, message);
+  } catch (...) {
+    error = std::current_exception();
   }
-  if (s.host_future) s.host_future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.error = error;
+    s.keep.clear();
+  }
+  if (s.host_future && !s.host_future->completed()) s.host_future->setError(error);
+  std::rethrow_exception(error);
+}
+
+// gloo's work, waited for no longer than the timeout and the grace.
+void finish_collective(CallState& s, const c10::intrusive_ptr<Work>& work) {
+  try {
+    work->wait(s.timeout + kWatchdogGrace);
+  } catch (const std::exception& e) {
+    fail(s, e);
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.keep.clear();
+  }
+  if (s.host_future && !s.host_future->completed())
+    s.host_future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+}
+
+// A collective's task, on its communication stream: gloo's call, then (but
+// for point-to-point) its end.
+void run_collective(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch) {
+  s.start = std::chrono::steady_clock::now();
+  c10::intrusive_ptr<Work> work;
+  try {
+    work = launch(gloo);
+  } catch (const std::exception& e) {
+    fail(s, e);
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.inner = work;
+  }
+  if (!s.p2p) finish_collective(s, work);
 }
 
 // A collective's Work. It holds the device tensors, its outputs are its
@@ -118,12 +157,16 @@ class NeuronWork final : public Work {
       : Work(-1, state->type), state_(std::move(state)), comm_(comm), keep_(std::move(keep)),
         outputs_(std::move(outputs)) {}
 
-  bool isCompleted() override { return state_->stream->is_complete(state_->seq); }
+  bool isCompleted() override {
+    if (!state_->stream->is_complete(state_->seq)) return false;
+    auto inner = state_->p2p ? state_->issued() : nullptr;
+    return !inner || inner->isCompleted();
+  }
   bool isSuccess() const override { return !state_->failure(); }
   std::exception_ptr exception() const override { return state_->failure(); }
   int sourceRank() const override {
     host_wait(::kNoTimeout);
-    return state_->source_rank;
+    return state_->issued()->sourceRank();
   }
   std::vector<at::Tensor> result() override { return outputs_; }
   void synchronize() override { wait(::kNoTimeout); }
@@ -135,8 +178,15 @@ class NeuronWork final : public Work {
     if (auto error = state_->failure()) std::rethrow_exception(error);
     translate_errors([&] {
       rt::Stream& caller = current_runtime_stream(comm_.device_index());
-      if (&caller == state_->stream || isCompleted()) return;
-      caller.enqueue("c10d_wait", [on = state_->stream, seq = state_->seq] { on->wait_until(seq); });
+      if (isCompleted()) return;
+      if (state_->p2p) {
+        caller.enqueue("c10d_wait", [state = state_] {
+          state->stream->wait_until(state->seq);
+          if (auto inner = state->issued()) finish_collective(*state, inner);
+        });
+      } else if (&caller != state_->stream) {
+        caller.enqueue("c10d_wait", [on = state_->stream, seq = state_->seq] { on->wait_until(seq); });
+      }
     });
     return true;
   }
@@ -145,6 +195,7 @@ class NeuronWork final : public Work {
     std::lock_guard<std::mutex> lock(mu_);
     if (future_) return future_;
     if (outputs_.empty()) return future_ = state_->host_future;
+    if (state_->p2p) host_wait(::kNoTimeout);  // a receive's future: on the host, once gloo is done
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{comm_.device()});
     if (auto error = state_->failure()) {
@@ -160,7 +211,18 @@ class NeuronWork final : public Work {
   void host_wait(milliseconds timeout) const {
     const int64_t deadline = timeout == ::kNoTimeout ? rt::Stream::kNoDeadline
                                                           : rt::now_ns() + int64_t(timeout.count()) * 1000000;
-    const bool done = translate_errors([&] { return state_->stream->wait_until(state_->seq, deadline); });
+    bool done = translate_errors([&] { return state_->stream->wait_until(state_->seq, deadline); });
+    if (auto inner = done && state_->p2p ? state_->issued() : nullptr) {
+      const int64_t left_ms = (deadline - rt::now_ns()) / 1000000;
+      done = timeout == ::kNoTimeout || left_ms > 0;
+      if (done) {
+        try {
+          inner->wait(timeout == ::kNoTimeout ? state_->timeout + kWatchdogGrace : milliseconds(left_ms));
+        } catch (const std::exception& e) {
+          fail(*state_, e);
+        }
+      }
+    }
     TORCH_CHECK_WITH(DistBackendError, done, "neuron backend: ", state_->what, " did not finish within wait()'s timeout of ",
                      seconds(timeout.count() / 1000.0), " s");
     if (auto error = state_->failure()) std::rethrow_exception(error);
@@ -282,6 +344,19 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
                 ", rank " + std::to_string(getRank()) + " of " + std::to_string(getSize());
   state->type = type;
   state->timeout = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  state->p2p = type == OpType::SEND || type == OpType::RECV || type == OpType::RECVANYSOURCE;
+  if (state->p2p) {
+    state->keep = o.keep;
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto& live = p2p_in_flight_;
+    live.erase(std::remove_if(live.begin(), live.end(),
+                              [](const auto& s) {
+                                auto inner = s->issued();
+                                return s->failure() || (inner && inner->isCompleted());
+                              }),
+               live.end());
+    live.push_back(state);
+  }
   if (outputs.empty()) state->host_future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   // the allocator reuses none of these before the communication stream is past the collective
   for (const auto& t : o.keep) device_allocator().recordStream(t.storage().data_ptr(), comm);

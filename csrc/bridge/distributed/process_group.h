@@ -29,7 +29,8 @@
 
 namespace torchneuron {
 
-struct Operands;  // a collective's tensors, checked and seen as host views
+struct Operands;   // a collective's tensors, checked and seen as host views
+struct CallState;  // what a collective's task and its Work share
 
 class NeuronBackend final : public c10d::Backend {
  public:
@@ -93,6 +94,9 @@ class NeuronBackend final : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   std::mutex streams_mu_;
   std::unordered_map<c10::DeviceIndex, int> comm_streams_;
+  // Sends and receives gloo has not finished, which hold their tensors though
+  // their Works may be gone (an isend nobody waits for); pruned at each call.
+  std::vector<std::shared_ptr<CallState>> p2p_in_flight_;
 };
 
 } // namespace torchneuron
