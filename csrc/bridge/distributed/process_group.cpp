@@ -223,7 +223,8 @@ class NeuronWork final : public Work {
         }
       }
     }
-    TORCH_CHECK_WITH(DistBackendError, done, "neuron backend: ", state_->what, " did not finish within wait()'s timeout of ",
+    TORCH_CHECK_WITH(DistBackendError, done, "neuron backend: ", state_->what,
+                     " did not finish within wait()'s timeout of ",
                      seconds(timeout.count() / 1000.0), " s");
     if (auto error = state_->failure()) std::rethrow_exception(error);
   }
@@ -340,8 +341,9 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
   const c10::Stream comm(c10::Stream::UNSAFE, c10::Device(kNeuron, device), comm_stream(device));
   auto state = std::make_shared<CallState>();
   const std::string& desc = getGroupDesc();
-  state->what = std::string(name) + " on group " + getGroupUid() + (desc.empty() || desc == "undefined" ? "" : " (" + desc + ")") +
-                ", rank " + std::to_string(getRank()) + " of " + std::to_string(getSize());
+  state->what = std::string(name) + " on group " + getGroupUid() +
+                (desc.empty() || desc == "undefined" ? "" : " (" + desc + ")") + ", rank " +
+                std::to_string(getRank()) + " of " + std::to_string(getSize());
   state->type = type;
   state->timeout = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
   state->p2p = type == OpType::SEND || type == OpType::RECV || type == OpType::RECVANYSOURCE;
@@ -357,7 +359,8 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
                live.end());
     live.push_back(state);
   }
-  if (outputs.empty()) state->host_future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  if (outputs.empty())
+    state->host_future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   // the allocator reuses none of these before the communication stream is past the collective
   for (const auto& t : o.keep) device_allocator().recordStream(t.storage().data_ptr(), comm);
   translate_errors([&] {
