@@ -154,6 +154,20 @@ def _collectives(rank, size):
         return [t * 1]
     both("all_reduce after queued work", after_queued_work)
 
+    def coalescing_manager(d):
+        # with a device, the backend's start/endCoalescing: gloo has none, so the CPU runs without one
+        from torch.distributed.distributed_c10d import _coalescing_manager
+        ts = [data.to(d) * (i + 1) for i in range(3)]
+        out = torch.empty(size * data.shape[0], 3, device=d)
+        with _coalescing_manager(device=None if d == "cpu" else d, async_ops=True) as cm:
+            for t in ts:
+                dist.all_reduce(t)
+        cm.wait()
+        with _coalescing_manager(device=None if d == "cpu" else d):
+            dist.all_gather_into_tensor(out, ts[0])
+        return ts + [out]
+    both("_coalescing_manager", coalescing_manager)
+
     def async_op(d):
         t = data.to(d) * 1
         work = dist.all_reduce(t, async_op=True)

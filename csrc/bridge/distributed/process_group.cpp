@@ -236,6 +236,36 @@ class NeuronWork final : public Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// The Work of a coalesced block: its collectives' Works, waited for in turn.
+class CoalescedWork final : public Work {
+ public:
+  explicit CoalescedWork(std::vector<c10::intrusive_ptr<Work>> works)
+      : Work(-1, OpType::COALESCED), works_(std::move(works)) {}
+  bool isCompleted() override {
+    return std::all_of(works_.begin(), works_.end(), [](auto& w) { return w->isCompleted(); });
+  }
+  bool isSuccess() const override { return !exception(); }
+  std::exception_ptr exception() const override {
+    for (const auto& w : works_)
+      if (auto e = w->exception()) return e;
+    return nullptr;
+  }
+  std::vector<at::Tensor> result() override {
+    std::vector<at::Tensor> out;
+    for (auto& w : works_)
+      for (auto& t : w->result()) out.push_back(t);
+    return out;
+  }
+  bool wait(milliseconds timeout) override {
+    for (auto& w : works_) w->wait(timeout);
+    return true;
+  }
+  void synchronize() override { wait(::kNoTimeout); }
+
+ private:
+  std::vector<c10::intrusive_ptr<Work>> works_;
+};
+
 // Argument checks at the call, those gloo makes: on the stream a bad argument
 // would surface only at the next synchronising call, after the peers entered
 // the collective.
@@ -327,6 +357,18 @@ c10::intrusive_ptr<c10d::Backend> NeuronBackend::split(const c10::intrusive_ptr<
   return c10::make_intrusive<NeuronBackend>(gloo, gloo->getRank(), gloo->getSize(), timeout_);
 }
 
+void NeuronBackend::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "neuron backend: startCoalescing while coalescing already");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<Work> NeuronBackend::endCoalescing() {
+  TORCH_CHECK(coalescing_, "neuron backend: endCoalescing without startCoalescing");
+  coalescing_ = false;
+  return c10::make_intrusive<CoalescedWork>(std::move(coalesced_));
+}
+
 int NeuronBackend::comm_stream(c10::DeviceIndex device) {
   std::lock_guard<std::mutex> lock(streams_mu_);
   auto it = comm_streams_.find(device);
@@ -376,7 +418,10 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
       run_collective(*state, *gloo, launch);
     });
   });
-  return c10::make_intrusive<NeuronWork>(std::move(state), comm, std::move(o.keep), std::move(outputs));
+  c10::intrusive_ptr<Work> work =
+      c10::make_intrusive<NeuronWork>(std::move(state), comm, std::move(o.keep), std::move(outputs));
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {

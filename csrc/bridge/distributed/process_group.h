@@ -46,6 +46,11 @@ class NeuronBackend final : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
   void setTimeout(std::chrono::milliseconds timeout) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  // _coalescing_manager(device=...): the collectives in between run as they
+  // are issued, in order on the communication stream; the end's Work waits
+  // for them all.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -97,6 +102,8 @@ class NeuronBackend final : public c10d::Backend {
   // Sends and receives gloo has not finished, which hold their tensors though
   // their Works may be gone (an isend nobody waits for); pruned at each call.
   std::vector<std::shared_ptr<CallState>> p2p_in_flight_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
 };
 
 } // namespace torchneuron
