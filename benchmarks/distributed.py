@@ -1,4 +1,4 @@
-"""torch.distributed's all_reduce on `neuron` against gloo on CPU tensors:
+"""torch.distributed on `neuron` against gloo on CPU tensors. all_reduce:
 bus bandwidth from 4 KiB to 256 MiB (float32, SUM) on two spawned ranks of one
 "cpu:gloo,neuron:neuron" group, so both run the same gloo algorithm; the
 neuron backend runs it on host views of device memory, so the target is at
@@ -9,6 +9,10 @@ until its result is on the device; the two backends alternate repeat by
 repeat, so drift on a shared machine hits both. Per size: the median time of
 each, the bus bandwidth (2 (n - 1) / n bytes per rank, NCCL's convention for
 all_reduce), and neuron's bandwidth over gloo's.
+
+A DDP training step (an MLP, the same per-rank batch) on 1 and 2 ranks: the
+median step time on `neuron` and on CPU tensors, alternating step by step, and
+the CPU's time over neuron's.
 
     .venv/bin/python benchmarks/distributed.py [--smoke]
 
@@ -121,12 +125,87 @@ def measure(smoke: bool) -> dict:
     return {"world_size": WORLD, "dtype": "float32", "sizes": {_label(n): r for n, r in result.items()}}
 
 
+def _ddp_rank(rank, world, port, steps, queue):
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    import torchneuron  # noqa: F401
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.neuron.set_device(rank)
+    dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=world)
+    try:
+        runs = {}
+        for name, dev in (("cpu", torch.device("cpu")), ("neuron", torch.device("neuron", rank))):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+            ddp = torch.nn.parallel.DistributedDataParallel(model.to(dev))
+            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+            x, y = torch.randn(64, 256, device=dev), torch.randn(64, 256, device=dev)
+            runs[name] = (ddp, opt, x, y)
+
+        def step(name):
+            ddp, opt, x, y = runs[name]
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = torch.nn.functional.mse_loss(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()  # the step is done: its loss is on the host
+            return time.perf_counter() - t0
+
+        for name in runs:  # warm-up: DDP's buckets, gloo's pairs, the allocator
+            step(name)
+        samples = {name: [] for name in runs}
+        for _ in range(steps):
+            for name in runs:
+                samples[name].append(step(name))
+        gathered = [None] * world
+        dist.all_gather_object(gathered, samples)
+        if rank == 0:
+            med = {k: statistics.median(max(g[k][i] for g in gathered) for i in range(steps)) for k in samples}
+            queue.put({"ranks": world, "steps": steps, "cpu_step_s": med["cpu"], "neuron_step_s": med["neuron"],
+                       "ratio_cpu_over_neuron": med["cpu"] / med["neuron"]})
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_ddp(smoke: bool) -> dict:
+    import socket
+
+    import torch.multiprocessing as mp
+
+    out = {}
+    for world in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        procs = [ctx.Process(target=_ddp_rank, args=(r, world, port, 3 if smoke else 30, queue))
+                 for r in range(world)]
+        for p in procs:
+            p.start()
+        try:
+            out[f"{world} rank{'s' if world > 1 else ''}"] = queue.get(timeout=900)
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return out
+
+
 def _label(nbytes: int) -> str:
     return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
 
 
 def run(cfg, bar) -> dict:
-    out = {"all_reduce": measure(cfg.smoke)}
+    out = {"all_reduce": measure(cfg.smoke), "ddp_step": measure_ddp(cfg.smoke)}
     bar.update(1)
     return out
 
@@ -149,7 +228,16 @@ def markdown(res: dict) -> str:
             f"{r['world_size']} ranks of one process group (benchmarks/distributed.py): gloo on CPU tensors "
             "and the neuron backend (gloo on host views of device memory); median over repeats.\n\n"
             "| bytes per rank | gloo, CPU tensors | neuron | neuron / gloo |\n|---|---|---|---|\n"
-            + "\n".join(rows) + "\n")
+            + "\n".join(rows) + "\n" + _ddp_markdown(res.get("ddp_step")))
+
+
+def _ddp_markdown(r) -> str:
+    if not r:
+        return ""
+    rows = [f"| {k} | {s['cpu_step_s'] * 1e3:.2f} | {s['neuron_step_s'] * 1e3:.2f} | {s['ratio_cpu_over_neuron']:.2f} |"
+            for k, s in r.items()]
+    return ("\nA DDP training step (MLP 256-1024-256, batch 64 per rank; median ms, the slowest rank's):\n\n"
+            "| ranks | CPU tensors, gloo | neuron | CPU / neuron |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,19 +1,23 @@
 """torch.distributed's `neuron` backend, differential: every collective on
 `neuron` tensors gives gloo's result on the same data as CPU tensors, bit for
 bit, in one process group ("cpu:gloo,neuron:neuron": CPU tensors go to gloo,
-neuron tensors to the neuron backend); collectives see the work queued before
-them; DDP on two ranks trains as one process on the global batch; bad
-arguments raise clear errors."""
+neuron tensors to the neuron backend); collectives follow the work queued on
+the caller's stream, the host goes on without waiting for them, side streams
+order them, and a tensor freed while a collective uses it is not reused; DDP
+on four ranks trains as one process on the global batch; bad arguments raise
+clear errors."""
 import io
 import os
 import socket
+import time
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-WORLD = 2
+WORLD = 4
+DELAY_S = 2.0  # how long rank 1 keeps the others waiting in the stream test
 
 
 def _free_port():
@@ -27,7 +31,7 @@ def _collectives(rank, size):
     neuron backend): (name, cpu results, neuron results)."""
     dev = torch.device("neuron", 0)
     g = torch.Generator().manual_seed(rank)
-    data = torch.randn(2 * size, 3, generator=g)
+    data = torch.randn(3 * size, 3, generator=g)
     out = []
 
     def both(name, fn):
@@ -86,10 +90,10 @@ def _collectives(rank, size):
     both("reduce_scatter_tensor", reduce_scatter_tensor)
 
     def all_to_all_single_uneven(d):
-        splits_in = [1, 3] if rank == 0 else [2, 2]
-        splits_out = [1, 2] if rank == 0 else [3, 2]
+        splits_in = [1 + (2 * rank + j) % 3 for j in range(size)]  # rows to rank j
+        splits_out = [1 + (2 * j + rank) % 3 for j in range(size)]  # rows from rank j
         o = torch.empty(sum(splits_out), 3, device=d)
-        dist.all_to_all_single(o, data[:4].to(d), splits_out, splits_in)
+        dist.all_to_all_single(o, data[:sum(splits_in)].to(d), splits_out, splits_in)
         return [o]
     both("all_to_all_single uneven", all_to_all_single_uneven)
 
@@ -101,14 +105,24 @@ def _collectives(rank, size):
         return (gathered or []) + [o]
     both("gather, scatter", gather_scatter)
 
-    def send_recv(d):
+    def send_recv(d):  # in pairs: 0 -> 1, 2 -> 3
         t = data.to(d).clone()
-        if rank == 0:
-            dist.send(t * 5, dst=1)
+        if rank % 2 == 0:
+            dist.send(t * 5, dst=rank + 1)
             return []
-        dist.recv(t, src=0)
+        dist.recv(t, src=rank - 1)
         return [t]
     both("send, recv", send_recv)
+
+    def exchange(d):  # every rank sends before it receives: neither may wait for its send first
+        peer = rank ^ 1
+        a, b, c = data.to(d) * (rank + 1), torch.empty_like(data, device=d), torch.empty_like(data, device=d)
+        for req in [dist.isend(a, peer), dist.irecv(b, peer)]:
+            req.wait()
+        for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, a * 2, peer), dist.P2POp(dist.irecv, c, peer)]):
+            req.wait()
+        return [b * 1, c * 1]
+    both("isend, irecv exchange; batch_isend_irecv", exchange)
 
     def premul_sum(d):
         # gloo refuses PREMUL_SUM: the neuron backend pre-scales and sums, the CPU reference
@@ -132,6 +146,28 @@ def _collectives(rank, size):
         return [out[0] for out in outs]
     both("all_gather_coalesced", coalesced)
 
+    def after_queued_work(d):
+        t = data.to(d)
+        for _ in range(40):  # a chain of device work still queued when the collective is issued
+            t = t * 1.5 - 0.25
+        dist.all_reduce(t)
+        return [t * 1]
+    both("all_reduce after queued work", after_queued_work)
+
+    def coalescing_manager(d):
+        # with a device, the backend's start/endCoalescing: gloo has none, so the CPU runs without one
+        from torch.distributed.distributed_c10d import _coalescing_manager
+        ts = [data.to(d) * (i + 1) for i in range(3)]
+        out = torch.empty(size * data.shape[0], 3, device=d)
+        with _coalescing_manager(device=None if d == "cpu" else d, async_ops=True) as cm:
+            for t in ts:
+                dist.all_reduce(t)
+        cm.wait()
+        with _coalescing_manager(device=None if d == "cpu" else d):
+            dist.all_gather_into_tensor(out, ts[0])
+        return ts + [out]
+    both("_coalescing_manager", coalescing_manager)
+
     def async_op(d):
         t = data.to(d) * 1
         work = dist.all_reduce(t, async_op=True)
@@ -143,13 +179,48 @@ def _collectives(rank, size):
     return out
 
 
+def _streams(rank, size):
+    """A side stream's collective, ordered by that stream; and, with rank 1
+    entering DELAY_S late, how long rank 0's host waited (it should not)."""
+    dev = torch.device("neuron", 0)
+    out = {}
+    side = torch.neuron.Stream()
+    with torch.neuron.stream(side):
+        y = torch.full((6,), float(rank + 1), device=dev) * 2
+        dist.all_reduce(y)
+        y = y + 1
+    torch.neuron.current_stream().wait_stream(side)
+    out["side stream"] = y.cpu()
+
+    dist.barrier()
+    if rank == 1:
+        time.sleep(DELAY_S)
+    start = time.monotonic()
+    t = torch.full((1024,), float(rank + 1), device=dev)
+    work = dist.all_reduce(t, async_op=True)
+    scratch = torch.full((4096,), float(rank), device=dev)
+    dist.all_reduce(scratch)  # async_op=False: its wait() is the stream's, not the host's
+    out["returned after"] = time.monotonic() - start
+    out["completed at once"] = work.is_completed()
+    scratch_ptr = scratch.data_ptr()
+    del scratch  # recorded on the communication stream: not reused while the collective runs
+    fresh = torch.empty(4096, device=dev)  # (no fill: some operators run on the host, after the stream)
+    out["reused while in use"] = fresh.data_ptr() == scratch_ptr
+    work.wait()
+    out["waited after"] = time.monotonic() - start
+    out["delayed"] = (t * 1).cpu()  # queued after wait(): sees the result
+    out["finished after"] = time.monotonic() - start
+    return out
+
+
 def _worker(rank, size, port, queue):
     import torchneuron  # noqa: F401
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=size)
     try:
-        result = {"collectives": _collectives(rank, size), "backend": dist.get_backend_config()}
+        result = {"collectives": _collectives(rank, size), "backend": dist.get_backend_config(),
+                  "streams": _streams(rank, size)}
         g = dist.new_group(backend="neuron")
         with pytest.raises(RuntimeError, match="No backend type associated with device type cpu"):
             dist.all_reduce(torch.ones(2), group=g)  # a group of the neuron backend alone: PyTorch refuses
@@ -227,7 +298,20 @@ def test_every_collective_on_neuron_equals_gloo_on_the_cpu_bit_for_bit(results):
                 assert torch.equal(a, b), (rank, name)
 
 
-def test_ddp_on_two_ranks_trains_as_one_process_on_the_global_batch(results):
+def test_collectives_follow_the_callers_streams_and_leave_the_host_free(results):
+    total = sum(range(1, WORLD + 1))
+    for rank, r in results.items():
+        s = r["streams"]
+        assert torch.equal(s["side stream"], torch.full((6,), 2.0 * total + 1)), rank
+        assert torch.equal(s["delayed"], torch.full((1024,), float(total))), rank
+    s = results[0]["streams"]  # rank 1 entered DELAY_S late
+    assert s["returned after"] < DELAY_S / 2 and not s["completed at once"], s
+    assert s["waited after"] < DELAY_S / 2, s  # wait() made the stream wait, not the host
+    assert s["finished after"] >= DELAY_S * 0.9, s
+    assert not s["reused while in use"], s
+
+
+def test_ddp_on_four_ranks_trains_as_one_process_on_the_global_batch(results):
     model = _model().to("neuron")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []

@@ -103,6 +103,9 @@ def _missing(monkeypatch, name):
     elif name == "c10d-default-backend":
         import torch.distributed.distributed_c10d as c10d
         monkeypatch.delattr(c10d, "_new_process_group_helper")
+    elif name == "c10d-monitored-barrier":
+        import torch.distributed.distributed_c10d as c10d
+        monkeypatch.delattr(c10d, "monitored_barrier")
     else:
         raise AssertionError(f"no test takes away the target of patch {name!r}")
 

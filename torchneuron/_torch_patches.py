@@ -29,6 +29,8 @@ patch                                   target
                                         a group with the neuron backend has it as default
 ``mp-neuron-storage``                   ``torch.multiprocessing``'s reducer of ``torch.UntypedStorage``
                                         in ``ForkingPickler``: neuron storages are shared
+``c10d-monitored-barrier``              ``torch.distributed.monitored_barrier``, for groups
+                                        with the neuron backend
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -539,3 +541,58 @@ _register(
         "one: a neuron storage fails in the sender's queue feeder thread, and the receiver waits "
         "until its timeout. PyTorch has no hook for another device's sharing.",
     check=_check_mp_neuron_storage, apply=_apply_mp_neuron_storage)
+# --------------------------------------------------------------------------- c10d-monitored-barrier
+
+def _check_c10d_monitored_barrier() -> None:
+    name = "c10d-monitored-barrier"
+    c10d = _module(name, _C10D)
+    barrier = _require(name, c10d, "monitored_barrier", _C10D)
+    _require_params(name, barrier, f"{_C10D}.monitored_barrier", ("group", "timeout", "wait_all_ranks"))
+    for attr in ("_rank_not_in_group", "get_backend", "_get_default_timeout", "_check_valid_timeout",
+                 "_get_default_group"):
+        _require(name, c10d, attr, _C10D)
+    _require(name, _module(name, "torch._C._distributed_c10d").Backend, "monitored_barrier",
+             "torch._C._distributed_c10d.Backend")
+    if "only implemented for GLOO" not in inspect.getsource(barrier):
+        _fail(name, f"{_C10D}.monitored_barrier no longer refuses backends other than gloo, expected "
+                    "its 'only implemented for GLOO backend' check (the patch may be unnecessary now)")
+
+
+def _apply_c10d_monitored_barrier() -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from datetime import timedelta
+
+    def make(original):
+        def monitored_barrier(group=c10d.GroupMember.WORLD, timeout=None, wait_all_ranks=False):
+            if c10d._rank_not_in_group(group):
+                return original(group, timeout, wait_all_ranks)
+            backend = c10d.get_backend(group)
+            if "neuron" not in c10d.BackendConfig(c10d.Backend(str(backend))).get_device_backend_map().values():
+                return original(group, timeout, wait_all_ranks)
+            # as the original does for gloo
+            if timeout is None:
+                timeout = c10d._get_default_timeout(backend)
+            elif isinstance(timeout, float):
+                timeout = timedelta(seconds=timeout)
+            c10d._check_valid_timeout(timeout)
+            pg = c10d._get_default_group() if group is None else group
+            return pg._get_backend(torch.device("neuron")).monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        monitored_barrier.__doc__ = original.__doc__
+        return monitored_barrier
+
+    _replace(c10d, "monitored_barrier", make)
+    dist.monitored_barrier = c10d.monitored_barrier
+
+
+_register(
+    "c10d-monitored-barrier",
+    target=f"{_C10D}.monitored_barrier (and torch.distributed's name for it), wrapped: for a group "
+           "whose devices map to the neuron backend it calls that backend's monitored barrier; other "
+           "groups go to the original",
+    why="PyTorch refuses every backend but gloo by name ('monitored_barrier is only implemented for "
+        "GLOO backend'), and its C++ side then dispatches a CPU tensor, which a group of the neuron "
+        "backend alone has no backend for. The neuron backend's monitored barrier is gloo's own "
+        "(csrc/bridge/distributed/process_group.h), so only the name check and the dispatch stand in "
+        "the way; the wrapper keeps the original's timeout handling and calls the backend directly.",
+    check=_check_c10d_monitored_barrier, apply=_apply_c10d_monitored_barrier)

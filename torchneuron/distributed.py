@@ -16,7 +16,7 @@ from . import _C, _torch_patches
 
 def _create_backend(options, _backend_options=None):
     gloo = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
-    return _C._NeuronBackend(gloo, options.group_rank, options.group_size)
+    return _C._NeuronBackend(gloo, options.group_rank, options.group_size, options.timeout)
 
 
 def register() -> None:
@@ -26,3 +26,5 @@ def register() -> None:
     dist.Backend.register_backend("neuron", _create_backend, extended_api=True, devices=["neuron"])
     # a group of the neuron backend names it as its default (what DDP's logger looks up)
     _torch_patches.apply("c10d-default-backend")
+    # monitored_barrier on such a group: PyTorch allows gloo alone, the neuron backend's is gloo's
+    _torch_patches.apply("c10d-monitored-barrier")

@@ -36,6 +36,8 @@ namespace {
     TORCH_CHECK_WITH(LinAlgError, false, what);
   } catch (const c10::OutOfMemoryError&) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, what);
+  } catch (const c10::DistBackendError&) {  // a collective of torch.distributed's neuron backend
+    TORCH_CHECK_WITH(DistBackendError, false, what);
   } catch (...) {
   }
   TORCH_CHECK(false, what);

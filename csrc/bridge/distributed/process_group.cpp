@@ -1,57 +1,20 @@
 #include "process_group.h"
 
 #include <ATen/core/ivalue.h>
+#include <c10/core/StreamGuard.h>
 
-#include <mutex>
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
 
+#include "../allocator.h"
 #include "../device_state.h"
 #include "../exec/host_views.h"
 
 namespace torchneuron {
-namespace {
 
-// A collective's Work: gloo's, holding the device tensors it reads and
-// writes through host views (which own no memory), with a future whose value
-// is the device outputs, as a device backend's future has.
-class NeuronWork final : public c10d::Work {
- public:
-  NeuronWork(c10::intrusive_ptr<c10d::Work> inner, std::vector<at::Tensor> keep, std::vector<at::Tensor> outputs,
-             c10::DeviceIndex device, c10d::OpType type)
-      : c10d::Work(-1, type), inner_(std::move(inner)), keep_(std::move(keep)), outputs_(std::move(outputs)),
-        device_(device) {}
-  bool isCompleted() override { return inner_->isCompleted(); }
-  bool isSuccess() const override { return inner_->isSuccess(); }
-  std::exception_ptr exception() const override { return inner_->exception(); }
-  int sourceRank() const override { return inner_->sourceRank(); }
-  std::vector<at::Tensor> result() override { return outputs_; }
-  bool wait(std::chrono::milliseconds timeout) override { return inner_->wait(timeout); }
-  void synchronize() override { inner_->wait(); }
-  void abort() override { inner_->abort(); }
-  // Made on first use: gloo's point-to-point and barrier works have none.
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!future_) {
-      future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                         std::vector<c10::Device>{c10::Device(kNeuron, device_)});
-      inner_->getFuture()->addCallback([future = future_, outputs = outputs_](c10::ivalue::Future& done) {
-        if (done.hasError()) future->setError(done.exception_ptr());
-        else future->markCompleted(c10::IValue(outputs));
-      });
-    }
-    return future_;
-  }
-
- private:
-  c10::intrusive_ptr<c10d::Work> inner_;
-  std::vector<at::Tensor> keep_, outputs_;
-  c10::DeviceIndex device_;
-  std::mutex mu_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-// The tensors of one collective: checked to be on one neuron device, whose
-// current stream has run the work queued before the call, and seen as host
-// views for gloo.
+// A collective's tensors: checked to be on one neuron device, recorded for
+// the communication stream and seen as host views for gloo.
 struct Operands {
   c10::DeviceIndex device = -1;
   std::vector<at::Tensor> keep;
@@ -59,10 +22,7 @@ struct Operands {
   at::Tensor view(const at::Tensor& t) {
     TORCH_CHECK(t.device().type() == kNeuron, "the neuron backend of torch.distributed takes neuron tensors, got a ",
                 t.device(), " tensor; for CPU tensors initialise with backend=\"cpu:gloo,neuron:neuron\"");
-    if (device < 0) {
-      device = t.device().index();
-      translate_errors([&] { current_runtime_stream(device).synchronize(); });
-    }
+    if (device < 0) device = t.device().index();
     TORCH_CHECK(t.device().index() == device, "a collective's tensors must be on one neuron device, got neuron:",
                 int(device), " and ", t.device());
     keep.push_back(t);
@@ -78,17 +38,281 @@ struct Operands {
     for (const auto& l : lists) out.push_back(view(l));
     return out;
   }
-  c10::intrusive_ptr<c10d::Work> work(c10::intrusive_ptr<c10d::Work> inner, std::vector<at::Tensor> outputs,
-                                      c10d::OpType type) {
-    if (device < 0) device = current_device();
-    return c10::make_intrusive<NeuronWork>(std::move(inner), std::move(keep), std::move(outputs), device, type);
+};
+
+namespace {
+
+using c10d::OpType;
+using c10d::Work;
+using std::chrono::milliseconds;
+
+// How long past the group's timeout a collective's task waits for gloo before
+// it gives up itself (gloo's own timeout normally fires first).
+constexpr milliseconds kWatchdogGrace{3000};
+
+std::string seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", s);
+  return buf;
+}
+
+} // namespace
+
+struct CallState {
+  std::string what;  // "all_reduce on group 0 (default_pg), rank 1 of 2"
+  OpType type;
+  milliseconds timeout;
+  rt::Stream* stream = nullptr;
+  uint64_t seq = 0;  // the task's, on `stream`
+  // Point-to-point: the task only issues gloo's call, `inner`, which finishes
+  // on its own; a Work's wait() waits for it on the caller's stream. (Waiting
+  // on the communication stream would deadlock an exchange, each rank's send
+  // ahead of its receive.) `keep` holds the tensors until gloo is done.
+  bool p2p = false;
+  std::vector<at::Tensor> keep;
+  std::chrono::steady_clock::time_point start;
+  mutable std::mutex mu;
+  c10::intrusive_ptr<Work> inner;
+  std::exception_ptr error;
+  // Collectives without outputs (barrier, send) have a host future the task
+  // completes; the others' futures are the device's (NeuronWork::getFuture).
+  c10::intrusive_ptr<c10::ivalue::Future> host_future;
+
+  std::exception_ptr failure() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return error;
+  }
+  c10::intrusive_ptr<Work> issued() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return inner;
   }
 };
+
+namespace {
+
+// A failed collective: reported on stderr at once (a rank whose host never
+// synchronises still says why it stopped) and thrown as DistBackendError
+// naming it, so that the device keeps it as its error.
+[[noreturn]] void fail(CallState& s, const std::exception& e) {
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  const std::string message = "neuron backend: " + s.what + " failed after " + seconds(elapsed) + " s (timeout " +
+                              seconds(s.timeout.count() / 1000.0) +
+                              " s): " + (c10_error ? c10_error->what_without_backtrace() : e.what());
+  std::cerr << "[torchneuron.distributed] " << message << std::endl;
+  std::exception_ptr error;
+  try {
+    C10_THROW_ERROR(DistBackendError, message);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.error = error;
+    s.keep.clear();
+  }
+  if (s.host_future && !s.host_future->completed()) s.host_future->setError(error);
+  std::rethrow_exception(error);
+}
+
+// gloo's work, waited for no longer than the timeout and the grace.
+void finish_collective(CallState& s, const c10::intrusive_ptr<Work>& work) {
+  try {
+    work->wait(s.timeout + kWatchdogGrace);
+  } catch (const std::exception& e) {
+    fail(s, e);
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.keep.clear();
+  }
+  if (s.host_future && !s.host_future->completed())
+    s.host_future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+}
+
+// A collective's task, on its communication stream: gloo's call, then (but
+// for point-to-point) its end.
+void run_collective(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch) {
+  s.start = std::chrono::steady_clock::now();
+  c10::intrusive_ptr<Work> work;
+  try {
+    work = launch(gloo);
+  } catch (const std::exception& e) {
+    fail(s, e);
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.inner = work;
+  }
+  if (!s.p2p) finish_collective(s, work);
+}
+
+// A collective's Work. It holds the device tensors, its outputs are its
+// result, and its future's value is the device outputs, ready in the
+// communication stream's order, as a device backend's future is.
+class NeuronWork final : public Work {
+ public:
+  NeuronWork(std::shared_ptr<CallState> state, c10::Stream comm, std::vector<at::Tensor> keep,
+             std::vector<at::Tensor> outputs)
+      : Work(-1, state->type), state_(std::move(state)), comm_(comm), keep_(std::move(keep)),
+        outputs_(std::move(outputs)) {}
+
+  bool isCompleted() override {
+    if (!state_->stream->is_complete(state_->seq)) return false;
+    auto inner = state_->p2p ? state_->issued() : nullptr;
+    return !inner || inner->isCompleted();
+  }
+  bool isSuccess() const override { return !state_->failure(); }
+  std::exception_ptr exception() const override { return state_->failure(); }
+  int sourceRank() const override {
+    host_wait(::kNoTimeout);
+    return state_->issued()->sourceRank();
+  }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  void synchronize() override { wait(::kNoTimeout); }
+
+  // The caller's current stream waits for the collective; the host waits only
+  // for a barrier (a host synchronisation) or when given a timeout.
+  bool wait(milliseconds timeout) override {
+    if (state_->type == OpType::BARRIER || timeout != ::kNoTimeout) host_wait(timeout);
+    if (auto error = state_->failure()) std::rethrow_exception(error);
+    translate_errors([&] {
+      rt::Stream& caller = current_runtime_stream(comm_.device_index());
+      if (isCompleted()) return;
+      if (state_->p2p) {
+        caller.enqueue("c10d_wait", [state = state_] {
+          state->stream->wait_until(state->seq);
+          if (auto inner = state->issued()) finish_collective(*state, inner);
+        });
+      } else if (&caller != state_->stream) {
+        caller.enqueue("c10d_wait", [on = state_->stream, seq = state_->seq] { on->wait_until(seq); });
+      }
+    });
+    return true;
+  }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (future_) return future_;
+    if (outputs_.empty()) return future_ = state_->host_future;
+    if (state_->p2p) host_wait(::kNoTimeout);  // a receive's future: on the host, once gloo is done
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{comm_.device()});
+    if (auto error = state_->failure()) {
+      future_->setError(error);
+    } else {
+      c10::StreamGuard on_comm(comm_);  // the future's events: on the communication stream, after the collective
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+    return future_;
+  }
+
+ private:
+  void host_wait(milliseconds timeout) const {
+    const int64_t deadline = timeout == ::kNoTimeout ? rt::Stream::kNoDeadline
+                                                          : rt::now_ns() + int64_t(timeout.count()) * 1000000;
+    bool done = translate_errors([&] { return state_->stream->wait_until(state_->seq, deadline); });
+    if (auto inner = done && state_->p2p ? state_->issued() : nullptr) {
+      const int64_t left_ms = (deadline - rt::now_ns()) / 1000000;
+      done = timeout == ::kNoTimeout || left_ms > 0;
+      if (done) {
+        try {
+          inner->wait(timeout == ::kNoTimeout ? state_->timeout + kWatchdogGrace : milliseconds(left_ms));
+        } catch (const std::exception& e) {
+          fail(*state_, e);
+        }
+      }
+    }
+    TORCH_CHECK_WITH(DistBackendError, done, "neuron backend: ", state_->what,
+                     " did not finish within wait()'s timeout of ",
+                     seconds(timeout.count() / 1000.0), " s");
+    if (auto error = state_->failure()) std::rethrow_exception(error);
+  }
+
+  std::shared_ptr<CallState> state_;
+  c10::Stream comm_;
+  std::vector<at::Tensor> keep_, outputs_;
+  std::mutex mu_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// The Work of a coalesced block: its collectives' Works, waited for in turn.
+class CoalescedWork final : public Work {
+ public:
+  explicit CoalescedWork(std::vector<c10::intrusive_ptr<Work>> works)
+      : Work(-1, OpType::COALESCED), works_(std::move(works)) {}
+  bool isCompleted() override {
+    return std::all_of(works_.begin(), works_.end(), [](auto& w) { return w->isCompleted(); });
+  }
+  bool isSuccess() const override { return !exception(); }
+  std::exception_ptr exception() const override {
+    for (const auto& w : works_)
+      if (auto e = w->exception()) return e;
+    return nullptr;
+  }
+  std::vector<at::Tensor> result() override {
+    std::vector<at::Tensor> out;
+    for (auto& w : works_)
+      for (auto& t : w->result()) out.push_back(t);
+    return out;
+  }
+  bool wait(milliseconds timeout) override {
+    for (auto& w : works_) w->wait(timeout);
+    return true;
+  }
+  void synchronize() override { wait(::kNoTimeout); }
+
+ private:
+  std::vector<c10::intrusive_ptr<Work>> works_;
+};
+
+// Argument checks at the call, those gloo makes: on the stream a bad argument
+// would surface only at the next synchronising call, after the peers entered
+// the collective.
+template <class... Args>
+void check(bool ok, const char* op, const Args&... what) {
+  TORCH_CHECK(ok, "neuron backend: ", op, ": ", what...);
+}
+void check_like(const char* op, const at::Tensor& t, const at::Tensor& like, const char* role, size_t index) {
+  check(t.scalar_type() == like.scalar_type() && t.sizes() == like.sizes(), op, role, " ", index, " has dtype ",
+        t.scalar_type(), " and shape ", t.sizes(), ", expected ", like.scalar_type(), " and ", like.sizes());
+}
+void check_all_like(const char* op, const std::vector<at::Tensor>& ts, const at::Tensor& like, const char* role) {
+  for (size_t i = 0; i < ts.size(); ++i) check_like(op, ts[i], like, role, i);
+}
+void check_count(const char* op, size_t n, size_t expected, const char* what) {
+  check(n == expected, op, what, " holds ", n, " tensor(s), expected ", expected);
+}
+void check_root(const char* op, int64_t root, int size) {
+  check(root >= 0 && root < size, op, "invalid root rank ", root, " for a group of size ", size);
+}
+// output.numel() == input.numel() * world (all_gather) or the reverse (reduce_scatter)
+void check_scaled(const char* op, const at::Tensor& big, const at::Tensor& small, int size, const char* big_role) {
+  check(big.scalar_type() == small.scalar_type(), op, "dtypes differ (", big.scalar_type(), " and ",
+        small.scalar_type(), ")");
+  check(big.numel() == small.numel() * size, op, "the ", big_role, " has ", big.numel(),
+        " elements, expected the group size ", size, " times ", small.numel());
+}
+void check_splits(const char* op, const std::vector<int64_t>& splits, const at::Tensor& t, int size, const char* role) {
+  if (splits.empty()) {
+    check(t.dim() > 0 && t.size(0) % size == 0, op, "the ", role, "'s first dimension (", t.dim() ? t.size(0) : 0,
+          ") does not divide by the group size ", size);
+    return;
+  }
+  int64_t sum = 0;
+  for (int64_t n : splits) {
+    check(n >= 0, op, "negative split size ", n, " of the ", role);
+    sum += n;
+  }
+  check(splits.size() == size_t(size) && t.dim() > 0 && sum == t.size(0), op, "the ", role, "'s split sizes ",
+        c10::IntArrayRef(splits), " do not match its first dimension (", t.dim() ? t.size(0) : 0, ") over ", size,
+        " ranks");
+}
 
 // PREMUL_SUM, which gloo refuses: the inputs multiplied by its factor, then
 // SUM, as NCCL computes it. `in_place` collectives (all_reduce, reduce)
 // scale their own tensors, whose values the result replaces; the others
-// scale copies, leaving their inputs as they were.
+// scale copies, leaving their inputs as they were. Run on the stream.
 template <class Options>
 Options premultiplied(const Options& opts, std::vector<at::Tensor>& host_inputs, bool in_place) {
   if (opts.reduceOp != c10d::ReduceOp::PREMUL_SUM) return opts;
@@ -111,8 +335,18 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& lists) 
 
 } // namespace
 
-NeuronBackend::NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
-    : c10d::Backend(rank, size), gloo_(std::move(gloo)) {}
+NeuronBackend::NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size, milliseconds timeout)
+    : c10d::Backend(rank, size), gloo_(std::move(gloo)), timeout_(timeout) {}
+
+void NeuronBackend::setTimeout(milliseconds timeout) {
+  gloo_->setTimeout(timeout);
+  timeout_ = timeout;
+}
+
+// On the host, as gloo's: it reports the ranks that did not arrive in time.
+void NeuronBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  gloo_->monitoredBarrier(opts, wait_all_ranks);
+}
 
 // A subgroup (split_group, a device mesh's dimensions): gloo's split, wrapped.
 c10::intrusive_ptr<c10d::Backend> NeuronBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
@@ -120,163 +354,339 @@ c10::intrusive_ptr<c10d::Backend> NeuronBackend::split(const c10::intrusive_ptr<
                                                        const c10::intrusive_ptr<Options>& opts) {
   auto gloo = gloo_->split(store, ranks, opts);
   if (!gloo) return nullptr;  // this rank is not in `ranks`
-  return c10::make_intrusive<NeuronBackend>(gloo, gloo->getRank(), gloo->getSize());
+  return c10::make_intrusive<NeuronBackend>(gloo, gloo->getRank(), gloo->getSize(), timeout_);
 }
 
-using c10d::OpType;
-using c10d::Work;
+void NeuronBackend::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "neuron backend: startCoalescing while coalescing already");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<Work> NeuronBackend::endCoalescing() {
+  TORCH_CHECK(coalescing_, "neuron backend: endCoalescing without startCoalescing");
+  coalescing_ = false;
+  return c10::make_intrusive<CoalescedWork>(std::move(coalesced_));
+}
+
+int NeuronBackend::comm_stream(c10::DeviceIndex device) {
+  std::lock_guard<std::mutex> lock(streams_mu_);
+  auto it = comm_streams_.find(device);
+  if (it != comm_streams_.end()) return it->second;
+  const int id = translate_errors([&] { return rt::device(device).next_pool_stream(); });
+  return comm_streams_[device] = id;
+}
+
+c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpType type, std::vector<at::Tensor> outputs,
+                                            milliseconds timeout, Launch launch) {
+  const c10::DeviceIndex device = o.device >= 0 ? o.device : current_device();
+  const c10::Stream comm(c10::Stream::UNSAFE, c10::Device(kNeuron, device), comm_stream(device));
+  auto state = std::make_shared<CallState>();
+  const std::string& desc = getGroupDesc();
+  state->what = std::string(name) + " on group " + getGroupUid() +
+                (desc.empty() || desc == "undefined" ? "" : " (" + desc + ")") + ", rank " +
+                std::to_string(getRank()) + " of " + std::to_string(getSize());
+  state->type = type;
+  state->timeout = timeout == c10d::kUnsetTimeout ? timeout_ : timeout;
+  state->p2p = type == OpType::SEND || type == OpType::RECV || type == OpType::RECVANYSOURCE;
+  if (state->p2p) {
+    state->keep = o.keep;
+    std::lock_guard<std::mutex> lock(streams_mu_);
+    auto& live = p2p_in_flight_;
+    live.erase(std::remove_if(live.begin(), live.end(),
+                              [](const auto& s) {
+                                auto inner = s->issued();
+                                return s->failure() || (inner && inner->isCompleted());
+                              }),
+               live.end());
+    live.push_back(state);
+  }
+  if (outputs.empty())
+    state->host_future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  // the allocator reuses none of these before the communication stream is past the collective
+  for (const auto& t : o.keep) device_allocator().recordStream(t.storage().data_ptr(), comm);
+  translate_errors([&] {
+    rt::Stream& caller = current_runtime_stream(device);
+    rt::Stream& on = runtime_stream(comm);
+    if (!caller.query()) {  // the collective follows the caller's queued work
+      rt::Event ready;
+      ready.record(caller);
+      ready.block(on);
+    }
+    state->stream = &on;
+    state->seq = on.enqueue(rt::TaskName(name), [state, gloo = gloo_, launch = std::move(launch)] {
+      run_collective(*state, *gloo, launch);
+    });
+  });
+  c10::intrusive_ptr<Work> work =
+      c10::make_intrusive<NeuronWork>(std::move(state), comm, std::move(o.keep), std::move(outputs));
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
 
 c10::intrusive_ptr<Work> NeuronBackend::broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) {
+  const char* op = "broadcast";
+  check(!tensors.empty(), op, "no tensors");
+  check_root(op, opts.rootRank, getSize());
+  check(opts.rootTensor >= 0 && size_t(opts.rootTensor) < tensors.size(), op, "invalid root tensor ", opts.rootTensor);
+  check_all_like(op, tensors, tensors[0], "tensor");
   Operands o;
   auto views = o.view(tensors);
-  return o.work(gloo_->broadcast(views, opts), tensors, OpType::BROADCAST);
+  return run(o, op, OpType::BROADCAST, tensors, opts.timeout,
+             [views, opts](c10d::Backend& g) mutable { return g.broadcast(views, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
+  const char* op = "all_reduce";
+  check(!tensors.empty(), op, "no tensors");
+  check_all_like(op, tensors, tensors[0], "tensor");
   Operands o;
   auto views = o.view(tensors);
-  const auto sum = premultiplied(opts, views, true);
-  return o.work(gloo_->allreduce(views, sum), tensors, OpType::ALLREDUCE);
+  return run(o, op, OpType::ALLREDUCE, tensors, opts.timeout, [views, opts](c10d::Backend& g) mutable {
+    const auto sum = premultiplied(opts, views, true);
+    return g.allreduce(views, sum);
+  });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                           const c10d::AllreduceCoalescedOptions& opts) {
+  const char* op = "all_reduce_coalesced";
+  check(!tensors.empty(), op, "no tensors");
+  for (const auto& t : tensors)
+    check(t.scalar_type() == tensors[0].scalar_type(), op, "dtypes differ (", tensors[0].scalar_type(), " and ",
+          t.scalar_type(), ")");
   Operands o;
   auto views = o.view(tensors);
-  const auto sum = premultiplied(opts, views, true);
-  return o.work(gloo_->allreduce_coalesced(views, sum), tensors, OpType::ALLREDUCE_COALESCED);
+  return run(o, op, OpType::ALLREDUCE_COALESCED, tensors, opts.timeout, [views, opts](c10d::Backend& g) mutable {
+    const auto sum = premultiplied(opts, views, true);
+    return g.allreduce_coalesced(views, sum);
+  });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  const char* op = "reduce";
+  check_root(op, opts.rootRank, getSize());
+  check_count(op, tensors.size(), 1, "the tensor list");
   Operands o;
   auto views = o.view(tensors);
-  const auto sum = premultiplied(opts, views, true);
-  return o.work(gloo_->reduce(views, sum), tensors, OpType::REDUCE);
+  return run(o, op, OpType::REDUCE, tensors, opts.timeout, [views, opts](c10d::Backend& g) mutable {
+    const auto sum = premultiplied(opts, views, true);
+    return g.reduce(views, sum);
+  });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                 std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather";
+  check(!inputs.empty(), op, "no input tensors");
+  check_count(op, outputs.size(), inputs.size(), "the output list");
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    check_count(op, outputs[i].size(), size_t(getSize()), "an output list");
+    check_all_like(op, outputs[i], inputs[i], "output");
+  }
   Operands o;
   auto in = o.view(inputs);
   auto out = o.view(outputs);
-  return o.work(gloo_->allgather(out, in, opts), flat(outputs), OpType::ALLGATHER);
+  return run(o, op, OpType::ALLGATHER, flat(outputs), opts.timeout,
+             [out, in, opts](c10d::Backend& g) mutable { return g.allgather(out, in, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                       const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_into_tensor";
+  check_scaled(op, output, input, getSize(), "output");
   Operands o;
   auto in = o.view(input);
   auto out = o.view(output);
-  return o.work(gloo_->_allgather_base(out, in, opts), {output}, OpType::_ALLGATHER_BASE);
+  return run(o, op, OpType::_ALLGATHER_BASE, {output}, opts.timeout,
+             [out, in, opts](c10d::Backend& g) mutable { return g._allgather_base(out, in, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_into_tensor_coalesced";
+  check_count(op, outputs.size(), inputs.size(), "the output list");
+  for (size_t i = 0; i < inputs.size(); ++i) check_scaled(op, outputs[i], inputs[i], getSize(), "output");
   Operands o;
   auto in = o.view(inputs);
   auto out = o.view(outputs);
-  return o.work(gloo_->allgather_into_tensor_coalesced(out, in, opts), outputs, OpType::COALESCED);
+  return run(o, op, OpType::COALESCED, outputs, opts.timeout,
+             [out, in, opts](c10d::Backend& g) mutable { return g.allgather_into_tensor_coalesced(out, in, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                           std::vector<at::Tensor>& inputs,
                                                           const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_coalesced";
+  check_count(op, outputs.size(), size_t(getSize()), "the output list");
+  for (const auto& per_rank : outputs) {
+    check_count(op, per_rank.size(), inputs.size(), "a rank's output list");
+    for (size_t i = 0; i < inputs.size(); ++i) check_like(op, per_rank[i], inputs[i], "output", i);
+  }
   Operands o;
   auto in = o.view(inputs);
   auto out = o.view(outputs);
-  return o.work(gloo_->allgather_coalesced(out, in, opts), flat(outputs), OpType::ALLGATHER_COALESCED);
+  return run(o, op, OpType::ALLGATHER_COALESCED, flat(outputs), opts.timeout,
+             [out, in, opts](c10d::Backend& g) mutable { return g.allgather_coalesced(out, in, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                              std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  const char* op = "gather";
+  check_root(op, opts.rootRank, getSize());
+  check_count(op, inputs.size(), 1, "the input list");
+  if (getRank() == opts.rootRank) {
+    check_count(op, outputs.size(), 1, "the output list");
+    check_count(op, outputs[0].size(), size_t(getSize()), "the root's gather list");
+    check_all_like(op, outputs[0], inputs[0], "output");
+  } else {
+    check(outputs.empty(), op, "a rank other than the root got a gather list");
+  }
   Operands o;
   auto in = o.view(inputs);
   auto out = o.view(outputs);
-  return o.work(gloo_->gather(out, in, opts), flat(outputs), OpType::GATHER);
+  return run(o, op, OpType::GATHER, flat(outputs), opts.timeout,
+             [out, in, opts](c10d::Backend& g) mutable { return g.gather(out, in, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::scatter(std::vector<at::Tensor>& outputs,
                                               std::vector<std::vector<at::Tensor>>& inputs,
                                               const c10d::ScatterOptions& opts) {
+  const char* op = "scatter";
+  check_root(op, opts.rootRank, getSize());
+  check_count(op, outputs.size(), 1, "the output list");
+  if (getRank() == opts.rootRank) {
+    check_count(op, inputs.size(), 1, "the input list");
+    check_count(op, inputs[0].size(), size_t(getSize()), "the root's scatter list");
+    check_all_like(op, inputs[0], outputs[0], "input");
+  } else {
+    check(inputs.empty(), op, "a rank other than the root got a scatter list");
+  }
   Operands o;
   auto out = o.view(outputs);
   auto in = o.view(inputs);
-  return o.work(gloo_->scatter(out, in, opts), outputs, OpType::SCATTER);
+  return run(o, op, OpType::SCATTER, outputs, opts.timeout,
+             [out, in, opts](c10d::Backend& g) mutable { return g.scatter(out, in, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter";
+  check_count(op, outputs.size(), 1, "the output list");
+  check_count(op, inputs.size(), 1, "the input list");
+  check_count(op, inputs[0].size(), size_t(getSize()), "the list to scatter");
+  check_all_like(op, inputs[0], outputs[0], "input");
   Operands o;
   auto out = o.view(outputs);
   auto in = o.view(inputs);
-  std::vector<at::Tensor> scaled = flat(in);
-  const auto sum = premultiplied(opts, scaled, false);
-  if (sum.reduceOp != opts.reduceOp)
-    for (size_t i = 0, k = 0; i < in.size(); ++i)
-      for (auto& x : in[i]) x = scaled[k++];
-  return o.work(gloo_->reduce_scatter(out, in, sum), outputs, OpType::REDUCE_SCATTER);
+  return run(o, op, OpType::REDUCE_SCATTER, outputs, opts.timeout, [out, in, opts](c10d::Backend& g) mutable {
+    std::vector<at::Tensor> scaled = in[0];
+    const auto sum = premultiplied(opts, scaled, false);
+    in[0] = scaled;
+    return g.reduce_scatter(out, in, sum);
+  });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                            const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor";
+  check_scaled(op, input, output, getSize(), "input");
   Operands o;
   auto out = o.view(output);
-  std::vector<at::Tensor> in{o.view(input)};
-  const auto sum = premultiplied(opts, in, false);
-  return o.work(gloo_->_reduce_scatter_base(out, in[0], sum), {output}, OpType::_REDUCE_SCATTER_BASE);
+  auto in = o.view(input);
+  return run(o, op, OpType::_REDUCE_SCATTER_BASE, {output}, opts.timeout, [out, in, opts](c10d::Backend& g) mutable {
+    std::vector<at::Tensor> scaled{in};
+    const auto sum = premultiplied(opts, scaled, false);
+    return g._reduce_scatter_base(out, scaled[0], sum);
+  });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::ReduceScatterOptions& opts) {
+  const char* op = "reduce_scatter_tensor_coalesced";
+  check_count(op, inputs.size(), outputs.size(), "the input list");
+  for (size_t i = 0; i < inputs.size(); ++i) check_scaled(op, inputs[i], outputs[i], getSize(), "input");
   Operands o;
   auto out = o.view(outputs);
   auto in = o.view(inputs);
-  const auto sum = premultiplied(opts, in, false);
-  return o.work(gloo_->reduce_scatter_tensor_coalesced(out, in, sum), outputs, OpType::COALESCED);
+  return run(o, op, OpType::COALESCED, outputs, opts.timeout, [out, in, opts](c10d::Backend& g) mutable {
+    const auto sum = premultiplied(opts, in, false);
+    return g.reduce_scatter_tensor_coalesced(out, in, sum);
+  });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                     std::vector<int64_t>& output_splits,
                                                     std::vector<int64_t>& input_splits,
                                                     const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all_single";
+  check(output.scalar_type() == input.scalar_type(), op, "dtypes differ (", input.scalar_type(), " and ",
+        output.scalar_type(), ")");
+  check_splits(op, output_splits, output, getSize(), "output");
+  check_splits(op, input_splits, input, getSize(), "input");
+  if (output_splits.empty() && input_splits.empty())
+    check(output.numel() == input.numel(), op, "even splits need as many output elements as input ones, got ",
+          output.numel(), " and ", input.numel());
   Operands o;
   auto out = o.view(output);
   auto in = o.view(input);
-  return o.work(gloo_->alltoall_base(out, in, output_splits, input_splits, opts), {output}, OpType::ALLTOALL_BASE);
+  return run(o, op, OpType::ALLTOALL_BASE, {output}, opts.timeout,
+             [out, in, output_splits, input_splits, opts](c10d::Backend& g) mutable {
+               return g.alltoall_base(out, in, output_splits, input_splits, opts);
+             });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                const c10d::AllToAllOptions& opts) {
+  const char* op = "all_to_all";
+  check_count(op, outputs.size(), size_t(getSize()), "the output list");
+  check_count(op, inputs.size(), size_t(getSize()), "the input list");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    check(outputs[i].scalar_type() == inputs[i].scalar_type(), op, "dtypes differ at ", i, " (",
+          inputs[i].scalar_type(), " and ", outputs[i].scalar_type(), ")");
   Operands o;
   auto out = o.view(outputs);
   auto in = o.view(inputs);
-  return o.work(gloo_->alltoall(out, in, opts), outputs, OpType::ALLTOALL);
+  return run(o, op, OpType::ALLTOALL, outputs, opts.timeout,
+             [out, in, opts](c10d::Backend& g) mutable { return g.alltoall(out, in, opts); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::send(std::vector<at::Tensor>& tensors, int dst, int tag) {
+  const char* op = "send";
+  check_count(op, tensors.size(), 1, "the tensor list");
+  check_root(op, dst, getSize());
   Operands o;
   auto views = o.view(tensors);
-  return o.work(gloo_->send(views, dst, tag), {}, OpType::SEND);
+  return run(o, op, OpType::SEND, {}, c10d::kUnsetTimeout,
+             [views, dst, tag](c10d::Backend& g) mutable { return g.send(views, dst, tag); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
+  const char* op = "recv";
+  check_count(op, tensors.size(), 1, "the tensor list");
+  check_root(op, src, getSize());
   Operands o;
   auto views = o.view(tensors);
-  return o.work(gloo_->recv(views, src, tag), tensors, OpType::RECV);
+  return run(o, op, OpType::RECV, tensors, c10d::kUnsetTimeout,
+             [views, src, tag](c10d::Backend& g) mutable { return g.recv(views, src, tag); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const char* op = "recv";
+  check_count(op, tensors.size(), 1, "the tensor list");
   Operands o;
   auto views = o.view(tensors);
-  return o.work(gloo_->recvAnysource(views, tag), tensors, OpType::RECVANYSOURCE);
+  return run(o, op, OpType::RECVANYSOURCE, tensors, c10d::kUnsetTimeout,
+             [views, tag](c10d::Backend& g) mutable { return g.recvAnysource(views, tag); });
 }
 
 c10::intrusive_ptr<Work> NeuronBackend::barrier(const c10d::BarrierOptions& opts) {
   Operands o;
-  return o.work(gloo_->barrier(opts), {}, OpType::BARRIER);
+  return run(o, "barrier", OpType::BARRIER, {}, opts.timeout,
+             [opts](c10d::Backend& g) { return g.barrier(opts); });
 }
 
 } // namespace torchneuron

@@ -1,19 +1,42 @@
 // torch.distributed's `neuron` backend: a c10d Backend that runs a gloo
 // backend (made in Python, owned here) on host views of device memory, so a
-// collective copies nothing. Each collective first waits for the work queued
-// on its tensors' current stream (the host waits: gloo reads and writes the
-// memory itself); its Work keeps the device tensors alive until gloo is done,
-// and its future holds the device tensors. PREMUL_SUM, which gloo refuses, is
-// a pre-scale and SUM; subgroups split gloo's backend.
+// collective copies nothing.
+//
+// Streams, as NCCL has them: each group has a communication stream per device
+// on which its collectives run, in the order the host issues them (the order
+// gloo needs on every rank). A collective's task waits for an event of the
+// caller's current stream, so it sees the work queued before it, and the host
+// goes on at once; Work.wait() makes the caller's current stream wait for the
+// task, not the host (barrier and a wait with a timeout wait on the host).
+// The tensors are recorded on the communication stream (record_stream), so
+// the allocator reuses none of them before the collective is done. Arguments
+// are checked at the call, so bad ones raise there, not on the stream.
+//
+// Faults: the task waits for gloo no longer than the group's timeout and a
+// grace; a failure (a dead peer, a timeout) is reported at once on stderr and
+// becomes the device's error, raised by the next synchronising call of every
+// surviving rank as DistBackendError naming the operation, the group, the
+// rank and the elapsed time. PREMUL_SUM, which gloo refuses, is a pre-scale
+// and SUM; subgroups split gloo's backend.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <unordered_map>
+
 namespace torchneuron {
+
+struct Operands;   // a collective's tensors, checked and seen as host views
+struct CallState;  // what a collective's task and its Work share
 
 class NeuronBackend final : public c10d::Backend {
  public:
-  NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size);
+  NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size, std::chrono::milliseconds timeout);
+  // A gloo call on host views, made on the communication stream.
+  using Launch = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend& gloo)>;
 
   const std::string getBackendName() const override { return "neuron"; }
   bool supportsSplitting() const override { return gloo_->supportsSplitting(); }
@@ -21,6 +44,13 @@ class NeuronBackend final : public c10d::Backend {
                                           const c10::intrusive_ptr<Options>& opts) override;
   void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  // _coalescing_manager(device=...): the collectives in between run as they
+  // are issued, in order on the communication stream; the end's Work waits
+  // for them all.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override;
@@ -60,7 +90,20 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
  private:
+  c10::intrusive_ptr<c10d::Work> run(Operands& operands, const char* name, c10d::OpType type,
+                                     std::vector<at::Tensor> outputs, std::chrono::milliseconds timeout,
+                                     Launch launch);
+  int comm_stream(c10::DeviceIndex device);  // its id, taken from the device's pool on first use
+
   c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::chrono::milliseconds timeout_;
+  std::mutex streams_mu_;
+  std::unordered_map<c10::DeviceIndex, int> comm_streams_;
+  // Sends and receives gloo has not finished, which hold their tensors though
+  // their Works may be gone (an isend nobody waits for); pruned at each call.
+  std::vector<std::shared_ptr<CallState>> p2p_in_flight_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
 };
 
 } // namespace torchneuron
