@@ -21,9 +21,9 @@ N = 1 << 12  # small enough for the lean path
 def busy(stream):
     """Queues a long task on `stream`, so that what follows really overlaps."""
     with torch.neuron.stream(stream):
-        m = torch.randn(256, 256, device="neuron")
-        for _ in range(4):
-            m = m @ m
+        m = torch.randn(512, 512, device="neuron")
+        for _ in range(6):
+            m = m @ m / 512
     return m
 
 
