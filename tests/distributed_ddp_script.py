@@ -4,9 +4,14 @@ under torchrun, on one node and on two network namespaces):
 it, then DDP of a small MLP on `neuron`, each rank its share of every
 global batch. Each rank writes what it saw to ``OUT/rank<R>.pt``.
 
-    python -m torch.distributed.run --nproc-per-node=2 tests/distributed_ddp_script.py OUT
+    python -m torch.distributed.run --nproc-per-node=2 tests/distributed_ddp_script.py OUT [KILL_AT]
+
+With KILL_AT, the script checkpoints after every step (``OUT/checkpoint.pt``)
+and resumes from the checkpoint it finds; on its first attempt the last rank
+kills itself (SIGKILL) at step KILL_AT, for torchrun's ``--max-restarts``.
 """
 import os
+import signal
 import sys
 
 import torch
@@ -27,16 +32,25 @@ def batches():
             for _ in range(STEPS)]
 
 
-def train(rank=0, world=1):
+def train(rank=0, world=1, checkpoint=None, kill_at=None):
     """SGD; with world > 1, DDP on this rank's share of each batch. The
-    losses (averaged over ranks) and the final parameters."""
+    losses (averaged over ranks) and the final parameters. With a
+    `checkpoint` path: resumed from it if it exists, saved after each step."""
     device = torch.device("neuron")
     net = model().to(device)
+    losses = []
+    if checkpoint and os.path.exists(checkpoint):
+        saved = torch.load(checkpoint, weights_only=False)
+        net.load_state_dict(saved["model"])
+        losses = saved["losses"]
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(net)
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
-    losses = []
-    for x, y in batches():
+    for step, (x, y) in enumerate(batches()):
+        if step < len(losses):
+            continue  # done before the restart
+        if kill_at == step and rank == world - 1 and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) == 0:
+            os.kill(os.getpid(), signal.SIGKILL)
         n = x.shape[0] // world
         x, y = x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
         loss = torch.nn.functional.mse_loss(net(x.to(device)), y.to(device))
@@ -47,10 +61,17 @@ def train(rank=0, world=1):
         if world > 1:
             dist.all_reduce(total, op=dist.ReduceOp.AVG)
         losses.append(total.item())
+        if checkpoint:
+            if rank == 0:
+                state = {"model": getattr(net, "module", net).state_dict(), "losses": losses}
+                torch.save(state, checkpoint + ".tmp")
+                os.replace(checkpoint + ".tmp", checkpoint)  # a rank killed meanwhile leaves the last whole one
+            if world > 1:
+                dist.barrier()
     return losses, [p.detach().cpu() for p in net.parameters()]
 
 
-def main(out):
+def main(out, kill_at=None):
     import torchneuron  # noqa: F401  (autoload imports it too; explicit for autoload-off setups)
 
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -61,7 +82,8 @@ def main(out):
         peers = [None] * world
         dist.all_gather_object(peers, {"rank": rank, "node": int(os.environ["GROUP_RANK"]),
                                        "ifname": os.environ.get("GLOO_SOCKET_IFNAME")})
-        losses, params = train(rank, world)
+        checkpoint = os.path.join(out, "checkpoint.pt") if kill_at is not None else None
+        losses, params = train(rank, world, checkpoint, kill_at)
         seen = {
             "rank": rank, "world": world, "local_rank": local_rank,
             "backend config": dist.get_backend_config(),
@@ -76,4 +98,4 @@ def main(out):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)

@@ -2,7 +2,8 @@
 with no backend, then DDP) launched on one node with two processes, and on
 two nodes made of network namespaces joined by a veth pair (each rank with
 its own address and GLOO_SOCKET_IFNAME, c10d rendezvous); both train as one
-process on the global batch. The namespaces are made and removed by the
+process on the global batch, as does a run whose rank 1 is killed mid-way
+and restarted by torchrun (--max-restarts) from the checkpoint. The namespaces are made and removed by the
 test, which is skipped, saying why, where they cannot be made."""
 import json
 import os
@@ -82,6 +83,16 @@ def test_torchrun_two_processes_on_one_node(tmp_path):
     _assert_trains_as_one_process(seen, 2)
     assert sorted(s["local_rank"] for s in seen) == [0, 1]
     assert {p["node"] for p in seen[0]["peers"]} == {0}
+
+
+def test_an_elastic_restart_after_a_killed_rank_resumes_from_the_checkpoint(tmp_path):
+    # rank 1 kills itself at step 2 of its first attempt; rank 0 is then in DDP's all_reduce
+    proc = _launch(_torchrun("--nproc-per-node=2", "--max-restarts=1", "--rdzv-backend=c10d",
+                             f"--rdzv-endpoint=127.0.0.1:{free_port()}", SCRIPT, str(tmp_path), "2"))
+    out = _finish([proc])[0]
+    seen = _results(tmp_path, 2)
+    assert [s["restart"] for s in seen] == [1, 1], out[-3000:]
+    _assert_trains_as_one_process(seen, 2)
 
 
 def _ip(*args):

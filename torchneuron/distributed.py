@@ -9,13 +9,19 @@ collective copies nothing.
 """
 from __future__ import annotations
 
+import os
+
 import torch.distributed as dist
 
 from . import _C, _torch_patches
 
 
 def _create_backend(options, _backend_options=None):
-    gloo = dist.ProcessGroupGloo(options.store, options.group_rank, options.group_size, options.timeout)
+    # torchrun's restarts keep the rendezvous store and its keys: without the
+    # attempt in the prefix, gloo would connect to the dead workers' addresses
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"neuron/attempt{attempt}/", options.store)
+    gloo = dist.ProcessGroupGloo(store, options.group_rank, options.group_size, options.timeout)
     return _C._NeuronBackend(gloo, options.group_rank, options.group_size, options.timeout)
 
 
