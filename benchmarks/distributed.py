@@ -100,7 +100,9 @@ def _rank(rank, world, port, plan, queue):
         dist.destroy_process_group()
 
 
-def measure(smoke: bool) -> dict:
+def _run_ranks(target, world: int, args: tuple, timeout: float):
+    """Runs `target(rank, world, port, *args, queue)` in `world` spawned processes on a free loopback port and
+    returns what rank 0 puts on the queue."""
     import socket
 
     import torch.multiprocessing as mp
@@ -108,20 +110,25 @@ def measure(smoke: bool) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    plan = [(n, repeats_for(n, smoke)) for n in sizes(smoke)]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(r, WORLD, port, plan, queue)) for r in range(WORLD)]
+    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
     for p in procs:
         p.start()
     try:
-        result = queue.get(timeout=1800)
+        result = queue.get(timeout=timeout)
     finally:
         for p in procs:
             p.join(timeout=60)
             if p.is_alive():
                 p.kill()
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    return result
+
+
+def measure(smoke: bool) -> dict:
+    plan = [(n, repeats_for(n, smoke)) for n in sizes(smoke)]
+    result = _run_ranks(_rank, WORLD, (plan,), timeout=1800)
     return {"world_size": WORLD, "dtype": "float32", "sizes": {_label(n): r for n, r in result.items()}}
 
 
@@ -174,30 +181,8 @@ def _ddp_rank(rank, world, port, steps, queue):
 
 
 def measure_ddp(smoke: bool) -> dict:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    out = {}
-    for world in (1, 2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        procs = [ctx.Process(target=_ddp_rank, args=(r, world, port, 3 if smoke else 30, queue))
-                 for r in range(world)]
-        for p in procs:
-            p.start()
-        try:
-            out[f"{world} rank{'s' if world > 1 else ''}"] = queue.get(timeout=900)
-        finally:
-            for p in procs:
-                p.join(timeout=60)
-                if p.is_alive():
-                    p.kill()
-        assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return out
+    return {f"{world} rank{'s' if world > 1 else ''}": _run_ranks(_ddp_rank, world, (3 if smoke else 30,), timeout=900)
+            for world in (1, 2)}
 
 
 def _label(nbytes: int) -> str:

@@ -541,6 +541,8 @@ _register(
         "one: a neuron storage fails in the sender's queue feeder thread, and the receiver waits "
         "until its timeout. PyTorch has no hook for another device's sharing.",
     check=_check_mp_neuron_storage, apply=_apply_mp_neuron_storage)
+
+
 # --------------------------------------------------------------------------- c10d-monitored-barrier
 
 def _check_c10d_monitored_barrier() -> None:
