@@ -121,8 +121,14 @@ def _collectives(rank, size):
             req.wait()
         for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, a * 2, peer), dist.P2POp(dist.irecv, c, peer)]):
             req.wait()
-        return [b * 1, c * 1]
-    both("isend, irecv exchange; batch_isend_irecv", exchange)
+        # a ring, coalesced on neuron as on NCCL (gloo issues the operations one by one)
+        assert d == "cpu" or dist.group.WORLD._get_backend(torch.device(d)).supports_coalescing
+        nxt, prev = (rank + 1) % size, (rank - 1) % size
+        r = torch.empty_like(data, device=d)
+        for req in dist.batch_isend_irecv([dist.P2POp(dist.irecv, r, prev), dist.P2POp(dist.isend, a * 3, nxt)]):
+            req.wait()
+        return [b * 1, c * 1, r * 1]
+    both("isend, irecv exchange; batch_isend_irecv exchange and ring", exchange)
 
     def premul_sum(d):
         # gloo refuses PREMUL_SUM: the neuron backend pre-scales and sums, the CPU reference

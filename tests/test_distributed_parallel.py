@@ -17,6 +17,7 @@ ranks in one "cpu:gloo,neuron:neuron" group, each rank on its own device:
 """
 import os
 import sys
+from datetime import timedelta
 
 import pytest
 import torch
@@ -463,13 +464,23 @@ def _bound_worker(rank, world, port):
     try:
         def mesh_2d():
             mesh = init_device_mesh("neuron", (1, world), mesh_dim_names=("dp", "tp"))
+            sums = {}
+            for dim in ("dp", "tp"):
+                t = torch.full((2,), float(rank + 1), device="neuron")
+                dist.all_reduce(t, group=mesh[dim].get_group())
+                sums[dim] = (mesh[dim].size(), t.cpu())
+            return sums
+
+        def split():
+            alone = dist.split_group(split_ranks=[[r] for r in range(world)], timeout=timedelta(seconds=55))
             t = torch.full((2,), float(rank + 1), device="neuron")
-            dist.all_reduce(t, group=mesh["tp"].get_group())
-            return t.cpu()
+            dist.all_reduce(t, group=alone)
+            return {"size": alone.size(), "sum": t.cpu(),
+                    "timeout": alone._get_backend(torch.device("neuron")).options._timeout}
         return {"bound": str(dist.distributed_c10d._get_default_group().bound_device_id),
                 "1-d mesh": init_device_mesh("neuron", (world,)).size(),
                 "2-d mesh": attempt(mesh_2d),
-                "split_group": attempt(lambda: dist.split_group(split_ranks=[[0, 1]]) is not None)}
+                "split_group": attempt(split)}
     finally:
         dist.destroy_process_group()
 
@@ -484,10 +495,11 @@ def test_a_group_bound_to_its_device_makes_a_1d_mesh(bound_ranks):
         assert r["bound"] == f"neuron:{rank}" and r["1-d mesh"] == WORLD
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="gap: the neuron backend splits (gloo's split), but split_group copies the parent "
-                          "backend's `options`, which the Python binding of the neuron backend does not expose")
-def test_a_group_bound_to_its_device_makes_a_2d_mesh(bound_ranks):
-    for r in bound_ranks.values():
-        assert torch.equal(value_of(r["2-d mesh"]), torch.full((2,), 3.0))
-        assert value_of(r["split_group"]) is True
+def test_a_group_bound_to_its_device_makes_a_2d_mesh_and_splits(bound_ranks):
+    for rank, r in bound_ranks.items():
+        sums = value_of(r["2-d mesh"])
+        assert sums["dp"][0] == 1 and torch.equal(sums["dp"][1], torch.full((2,), rank + 1.0))
+        assert sums["tp"][0] == WORLD and torch.equal(sums["tp"][1], torch.full((2,), 3.0))
+        split = value_of(r["split_group"])
+        assert split["size"] == 1 and torch.equal(split["sum"], torch.full((2,), rank + 1.0))
+        assert split["timeout"] == timedelta(seconds=55)

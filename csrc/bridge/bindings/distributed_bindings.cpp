@@ -18,7 +18,9 @@ void bind_distributed(py::module_& m) {
                        std::chrono::milliseconds timeout) {
              return c10::make_intrusive<NeuronBackend>(gloo, rank, size, timeout);
            }),
-           py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout"));
+           py::arg("gloo"), py::arg("rank"), py::arg("size"), py::arg("timeout"))
+      // the gloo backend's options; torchneuron/distributed.py makes the `options` split_group copies from it
+      .def_property_readonly("_gloo_options", &NeuronBackend::getBackendOptions);
 }
 
 } // namespace torchneuron

@@ -354,7 +354,7 @@ c10::intrusive_ptr<c10d::Backend> NeuronBackend::split(const c10::intrusive_ptr<
                                                        const c10::intrusive_ptr<Options>& opts) {
   auto gloo = gloo_->split(store, ranks, opts);
   if (!gloo) return nullptr;  // this rank is not in `ranks`
-  return c10::make_intrusive<NeuronBackend>(gloo, gloo->getRank(), gloo->getSize(), timeout_);
+  return c10::make_intrusive<NeuronBackend>(gloo, gloo->getRank(), gloo->getSize(), opts ? opts->timeout : timeout_);
 }
 
 void NeuronBackend::startCoalescing() {

@@ -45,10 +45,13 @@ class NeuronBackend final : public c10d::Backend {
   void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
   void setTimeout(std::chrono::milliseconds timeout) override;
+  // gloo's: split_group copies the parent's options into the split
+  c10::intrusive_ptr<Options> getBackendOptions() override { return gloo_->getBackendOptions(); }
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   // _coalescing_manager(device=...): the collectives in between run as they
   // are issued, in order on the communication stream; the end's Work waits
   // for them all.
+  bool supportsCoalescing() const override { return true; }  // batch_isend_irecv coalesces, as on NCCL
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
