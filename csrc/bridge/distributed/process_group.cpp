@@ -130,20 +130,30 @@ void finish_collective(CallState& s, const c10::intrusive_ptr<Work>& work) {
     s.host_future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
 }
 
-// A collective's task, on its communication stream: gloo's call, then (but
-// for point-to-point) its end.
-void run_collective(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch) {
+// gloo's call. A failure is the state's error (and reported): null then.
+c10::intrusive_ptr<Work> issue(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch) {
   s.start = std::chrono::steady_clock::now();
-  c10::intrusive_ptr<Work> work;
   try {
-    work = launch(gloo);
-  } catch (const std::exception& e) {
-    fail(s, e);
-  }
-  {
+    c10::intrusive_ptr<Work> work = launch(gloo);
     std::lock_guard<std::mutex> lock(s.mu);
-    s.inner = work;
+    return s.inner = work;
+  } catch (const std::exception& e) {
+    try {
+      fail(s, e);
+    } catch (...) {
+    }
   }
+  return nullptr;
+}
+
+// A collective's task, on its communication stream: gloo's call unless the
+// host made it (`unissued` is null then; else the count to take it off once
+// made), then (but for point-to-point) its end.
+void run_collective(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch,
+                    std::atomic<int>* unissued) {
+  c10::intrusive_ptr<Work> work = unissued ? issue(s, gloo, launch) : s.issued();
+  if (unissued) unissued->fetch_sub(1, std::memory_order_acq_rel);
+  if (!work) std::rethrow_exception(s.failure());
   if (!s.p2p) finish_collective(s, work);
 }
 
@@ -185,7 +195,18 @@ class NeuronWork final : public Work {
           if (auto inner = state->issued()) finish_collective(*state, inner);
         });
       } else if (&caller != state_->stream) {
-        caller.enqueue("c10d_wait", [on = state_->stream, seq = state_->seq] { on->wait_until(seq); });
+        caller.enqueue("c10d_wait", [state = state_] {
+          // once gloo's call is made, its end wakes this stream directly,
+          // not through the communication stream's task
+          if (auto inner = state->issued()) {
+            try {
+              inner->wait(state->timeout + kWatchdogGrace);
+              if (!state->failure()) return;
+            } catch (const std::exception&) {  // the communication stream's task reports it
+            }
+          }
+          state->stream->wait_until(state->seq);
+        });
       }
     });
     return true;
@@ -408,14 +429,24 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
   translate_errors([&] {
     rt::Stream& caller = current_runtime_stream(device);
     rt::Stream& on = runtime_stream(comm);
-    if (!caller.query()) {  // the collective follows the caller's queued work
-      rt::Event ready;
-      ready.record(caller);
-      ready.block(on);
+    // With the caller's stream idle and every earlier call of the group handed
+    // to gloo, the host makes gloo's call itself, as on CPU tensors: gloo runs
+    // it on its own threads, and the task only waits for its end.
+    const bool issue_now = !state->p2p && caller.query() && unissued_->load(std::memory_order_acquire) == 0;
+    if (issue_now) {
+      issue(*state, *gloo_, launch);
+    } else {
+      unissued_->fetch_add(1, std::memory_order_acq_rel);
+      if (!caller.query()) {  // the collective follows the caller's queued work
+        rt::Event ready;
+        ready.record(caller);
+        ready.block(on);
+      }
     }
     state->stream = &on;
-    state->seq = on.enqueue(rt::TaskName(name), [state, gloo = gloo_, launch = std::move(launch)] {
-      run_collective(*state, *gloo, launch);
+    state->seq = on.enqueue(rt::TaskName(name), [state, gloo = gloo_, launch = std::move(launch), issue_now,
+                                                  unissued = unissued_] {
+      run_collective(*state, *gloo, launch, issue_now ? nullptr : unissued.get());
     });
   });
   c10::intrusive_ptr<Work> work =

@@ -8,6 +8,9 @@
 // caller's current stream, so it sees the work queued before it, and the host
 // goes on at once; Work.wait() makes the caller's current stream wait for the
 // task, not the host (barrier and a wait with a timeout wait on the host).
+// When the caller's stream has nothing queued and every earlier call of the
+// group has reached gloo, the host makes gloo's call itself, as with CPU
+// tensors (gloo runs it on its own threads), and the task waits for its end.
 // The tensors are recorded on the communication stream (record_stream), so
 // the allocator reuses none of them before the collective is done. Arguments
 // are checked at the call, so bad ones raise there, not on the stream.
@@ -22,7 +25,9 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <functional>
 #include <mutex>
 #include <unordered_map>
@@ -102,6 +107,9 @@ class NeuronBackend final : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   std::mutex streams_mu_;
   std::unordered_map<c10::DeviceIndex, int> comm_streams_;
+  // Calls queued on a communication stream that have not made gloo's call
+  // yet: while there are any, the host makes none itself (gloo's order).
+  std::shared_ptr<std::atomic<int>> unissued_ = std::make_shared<std::atomic<int>>(0);
   // Sends and receives gloo has not finished, which hold their tensors though
   // their Works may be gone (an isend nobody waits for); pruned at each call.
   std::vector<std::shared_ptr<CallState>> p2p_in_flight_;
