@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import distributed, lockin, profiler
+from . import distributed, lockin, profiler, sanitizer, soak
 from .common import fmt_bytes, fmt_time
 
 TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX, COMPILED_MIN = 1.5, 0.95, 1.0, 1.3, 1.0
@@ -38,6 +38,7 @@ def targets(res: dict) -> list[dict]:
                 r["speed_vs_cpu"] >= E2E_MIN)
     rows += compiled_targets(res)
     rows += profiler.targets(res) + lockin.targets(res) + distributed.targets(res)
+    rows += sanitizer.targets(res) + soak.targets(res)
     hf = res.get("huggingface", {})
     for w, r in hf.items():
         if "speed_vs_cpu" in r:
@@ -306,6 +307,10 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                  "tie them to one vendor.\n")
     if "distributed" in res:
         s.append(distributed.markdown(res["distributed"]))
+    if "sanitizer" in res:
+        s.append(sanitizer.markdown(res["sanitizer"]))
+    if "soak" in res:
+        s.append(soak.markdown(res["soak"]))
     if not smoke and os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
             s.append("\n" + f.read())

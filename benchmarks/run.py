@@ -20,12 +20,13 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks import (compiled, distributed, end_to_end, huggingface, large_ops, limits, lockin,  # noqa: E402
-                        memory, nki_kernels, profile_host, profiler, report, tiny_ops)
+                        memory, nki_kernels, profile_host, profiler, report, sanitizer, soak, tiny_ops)
 from benchmarks.common import Config, machine  # noqa: E402
 
 GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end,
           "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "compiled": compiled,
-          "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed}
+          "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed,
+          "sanitizer": sanitizer, "soak": soak}
 
 
 def main(argv=None) -> dict:

@@ -53,6 +53,14 @@ def targets(res: dict) -> list[dict]:
              "threshold": f"<= {SLOWDOWN_MAX}", "met": bool(r["slowdown"] <= SLOWDOWN_MAX)}]
 
 
+def markdown(res: dict) -> str:
+    s = ["## Sanitizers' cost", "", "The demo's training step with and without each checker, alternating, medians.", "",
+         "| workload | without | with | slowdown |", "|---|---|---|---|"]
+    for name, r in res.items():
+        s.append(f"| {name} | {r['plain_s'] * 1e3:.1f} ms | {r['sanitized_s'] * 1e3:.1f} ms | {r['slowdown']:.2f}x |")
+    return "\n".join(s) + "\n"
+
+
 if __name__ == "__main__":
     from benchmarks.common import run_alone
 
