@@ -109,6 +109,9 @@ def _missing(monkeypatch, name):
     elif name == "fake-conv-layout":
         from torch._subclasses import fake_impls
         monkeypatch.delitem(fake_impls.op_implementations_dict, torch.ops.aten.convolution_backward.default)
+    elif name == "inductor-conv-bias":
+        from torch._inductor.kernel import conv
+        monkeypatch.delattr(conv, "convolution")
     elif name == "inductor-layout-opt":
         from torch._inductor import graph
         monkeypatch.delattr(graph, "SUPPORTED_MKLDNN_DEVICES")

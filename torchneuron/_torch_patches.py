@@ -35,6 +35,8 @@ patch                                   target
                                         convolution_backward, for neuron inputs
 ``inductor-layout-opt``                 ``torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES``,
                                         as read by ``decide_layout_opt``
+``inductor-conv-bias``                  ``torch._inductor.kernel.conv.convolution`` (the lowering of
+                                        ``aten.convolution``), for neuron inputs
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -718,3 +720,72 @@ _register(
         "kernels (with fake-conv-layout, their result layouts are known at compile time too), so neuron "
         "graphs decide as CPU graphs do.",
     check=_check_layout_opt, apply=_apply_layout_opt)
+
+
+# --------------------------------------------------------------------------- inductor-conv-bias
+
+def _check_conv_bias() -> None:
+    name = "inductor-conv-bias"
+    conv = _module(name, "torch._inductor.kernel.conv")
+    lowering = _module(name, "torch._inductor.lowering")
+    fn = _require(name, conv, "convolution", "torch._inductor.kernel.conv")
+    if _original(lowering.lowerings.get(torch.ops.aten.convolution.default)) is not fn:
+        _fail(name, "torch._inductor.kernel.conv.convolution no longer is the lowering of aten.convolution")
+    if not hasattr(getattr(conv, "ir", None), "get_device_type"):
+        _fail(name, "torch._inductor.kernel.conv no longer reaches get_device_type through its module name ir")
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        _fail(name, "torch._inductor.kernel.conv.convolution no longer has Python source")
+    if (source.count("ir.get_device_type(") != 1 or 'bias is not None and device_type != "cpu"' not in source
+            or "device_type" not in source):
+        _fail(name, "the convolution lowering no longer asks ir.get_device_type once, to keep the bias in the "
+                    "convolution on the CPU only")
+
+
+class _NeuronAsCpuIr:
+    """torch._inductor.ir as torch._inductor.kernel.conv sees it during one neuron lowering."""
+
+    def __init__(self, ir):
+        self._ir = ir
+
+    def __getattr__(self, attr):
+        return getattr(self._ir, attr)
+
+    def get_device_type(self, x):
+        t = self._ir.get_device_type(x)
+        return "cpu" if t == "neuron" else t
+
+
+def _apply_conv_bias() -> None:
+    from torch._inductor import ir, lowering
+    from torch._inductor.kernel import conv
+
+    original = lowering.lowerings[torch.ops.aten.convolution.default]
+    if hasattr(original, _ORIGINAL):
+        return
+
+    def convolution(x, *args, **kwargs):
+        if ir.get_device_type(x) != "neuron":
+            return original(x, *args, **kwargs)
+        # Lowering runs on one thread, the one compiling; the check makes sure the device type is asked once.
+        conv.ir = _NeuronAsCpuIr(ir)
+        try:
+            return original(x, *args, **kwargs)
+        finally:
+            conv.ir = ir
+
+    setattr(convolution, _ORIGINAL, original)
+    lowering.lowerings[torch.ops.aten.convolution.default] = convolution
+
+
+_register(
+    "inductor-conv-bias",
+    target="the lowering of aten.convolution (torch._inductor.kernel.conv.convolution), whose "
+           "ir.get_device_type answers 'cpu' for neuron inputs during the call",
+    why="Inductor takes the bias out of every convolution not on the CPU (cuDNN is slower with it) and adds "
+        "it in the next element-wise kernel; that changes the fusion of the whole block (batch norm, ReLU, "
+        "pooling and, in training, their backward, then sized by the bias's gradient) from the CPU's. "
+        "neuron's convolutions are the CPU's oneDNN kernels, which add the bias themselves, as eager neuron "
+        "does.",
+    check=_check_conv_bias, apply=_apply_conv_bias)
