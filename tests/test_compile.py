@@ -115,23 +115,35 @@ def test_conv_net_training():
     _three_way(ConvNet, x, y, F.cross_entropy, steps=2)
 
 
-def test_conv_net_keeps_the_device_layout():
-    # neuron convolutions return contiguous outputs whatever their inputs'
-    # layout, so no channels-last conversions: one fused kernel per conv block
-    # (batch norm, ReLU, pooling), none converting inputs or weights
+def _kernels_generated(fn) -> int:
+    from torch._inductor import metrics
+
+    metrics.reset()
+    fn()
+    return metrics.generated_kernel_count
+
+
+def test_conv_net_lays_out_as_inductor_on_the_cpu():
+    # neuron convolutions are the CPU's (oneDNN), so Inductor keeps a conv net
+    # channels-last as it does on the CPU: the same kernels (one converting the
+    # input and weights, one fused kernel per conv block: batch norm, ReLU,
+    # pooling), and the convolutions compute into device memory, no copies
+    # (after the first call, which finds out which of oneDNN's allocations is
+    # the result)
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
                           nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2)).eval()
     x = torch.randn(4, 3, 16, 16)
+    torch._dynamo.reset()
+    ccpu = torch.compile(copy.deepcopy(model), backend="inductor")
     cm = torch.compile(copy.deepcopy(model).to(DEV), backend="neuron")
-    torchneuron.clear_op_tracking()
     with torch.no_grad():
-        out = cm(x.to(DEV))
-        _close(out, model(x), atol=1e-5)
+        on_cpu = _kernels_generated(lambda: ccpu(x))
+        torchneuron.clear_op_tracking()
+        on_neuron = _kernels_generated(lambda: _close(cm(x.to(DEV)), model(x), atol=1e-5))
+    assert on_neuron == on_cpu, (on_neuron, on_cpu)
     ops = torchneuron.get_executed_ops()
     assert ops.get("aten::convolution") == 2, ops
-    assert len([k for k in ops if k.startswith("compiled::")]) == 2, ops
-    # and no copies: the convolutions compute into device memory (after the
-    # first call, which finds out which of oneDNN's allocations is the result)
+    assert len([k for k in ops if k.startswith("compiled::")]) == 3, ops
     torch.neuron.synchronize()
     before = torchneuron._C._result_placement_counts()
     with torch.no_grad():
@@ -139,6 +151,28 @@ def test_conv_net_keeps_the_device_layout():
     torch.neuron.synchronize()
     after = torchneuron._C._result_placement_counts()
     assert {k: after[k] - before[k] for k in before} == {"in_place": 2, "copied": 0}
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_compiled_conv_strides_are_the_cpus(channels_last):
+    # the result and gradient layouts a compiled graph gives are eager's (the
+    # CPU's, whose convolution neuron runs): channels-last in, channels-last out
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU()).to(memory_format=fmt)
+    x = torch.randn(2, 4, 6, 6).contiguous(memory_format=fmt)
+    results = {}
+    for name, device, kw in (("cpu", "cpu", None), ("neuron", DEV, None), ("compiled", DEV, "neuron")):
+        torch._dynamo.reset()
+        m = copy.deepcopy(model).to(device)
+        fn = torch.compile(m, backend=kw) if kw else m
+        out = fn(x.to(device))
+        out.sum().backward()
+        results[name] = (out, m[0].weight.grad)
+    for name in ("neuron", "compiled"):
+        for got, want in zip(results[name], results["cpu"]):
+            assert got.stride() == want.stride(), (name, got.stride(), want.stride())
+            _close(got, want, atol=1e-5)
 
 
 def test_gpt_training_fullgraph():

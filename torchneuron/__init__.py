@@ -25,6 +25,7 @@ from . import _torch_patches  # noqa: E402
 
 _torch_patches.apply("set-num-threads")
 _torch_patches.apply("mp-neuron-storage")
+_torch_patches.apply("fake-conv-layout")
 
 from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops, get_fused_ops  # noqa: E402
 from .nki import nki_op  # noqa: E402

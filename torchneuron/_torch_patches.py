@@ -31,6 +31,12 @@ patch                                   target
                                         in ``ForkingPickler``: neuron storages are shared
 ``c10d-monitored-barrier``              ``torch.distributed.monitored_barrier``, for groups
                                         with the neuron backend
+``fake-conv-layout``                    ``torch._subclasses.fake_impls``' convolution and
+                                        convolution_backward, for neuron inputs
+``inductor-layout-opt``                 ``torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES``,
+                                        as read by ``decide_layout_opt``
+``inductor-conv-bias``                  ``torch._inductor.kernel.conv.convolution`` (the lowering of
+                                        ``aten.convolution``), for neuron inputs
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -598,3 +604,188 @@ _register(
         "(csrc/bridge/distributed/process_group.h), so only the name check and the dispatch stand in "
         "the way; the wrapper keeps the original's timeout handling and calls the backend directly.",
     check=_check_c10d_monitored_barrier, apply=_apply_c10d_monitored_barrier)
+
+
+# --------------------------------------------------------------------------- fake-conv-layout
+
+_FAKE_CONV_OPS = ("convolution.default", "_convolution.default", "_convolution.deprecated",
+                  "convolution_backward.default")
+
+
+def _check_fake_conv_layout() -> None:
+    name = "fake-conv-layout"
+    impls = _module(name, "torch._subclasses.fake_impls")
+    table = getattr(impls, "op_implementations_dict", None)
+    if not isinstance(table, dict):
+        _fail(name, "torch._subclasses.fake_impls.op_implementations_dict no longer exists")
+    fns = {_original(table.get(_aten_op(op))) for op in _FAKE_CONV_OPS}
+    if len(fns) != 1 or None in fns:
+        _fail(name, f"fake_impls no longer registers one implementation for {', '.join(_FAKE_CONV_OPS)}")
+    fn = fns.pop()
+    _require_params(name, fn, "torch._subclasses.fake_impls.conv", ("fake_mode", "func"))
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        _fail(name, "torch._subclasses.fake_impls.conv no longer has Python source")
+    if "input_.fake_device" not in source or "_conv_determine_backend_memory_format" not in source:
+        _fail(name, "fake_impls.conv no longer picks the result layout from the input's fake device "
+                    "(_select_conv_backend, _conv_determine_backend_memory_format)")
+
+
+def _aten_op(qualified: str):
+    packet, _, overload = qualified.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload)
+
+
+def _apply_fake_conv_layout() -> None:
+    from torch._subclasses import fake_impls
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    table = fake_impls.op_implementations_dict
+    original = table[_aten_op(_FAKE_CONV_OPS[0])]
+    if hasattr(original, _ORIGINAL):
+        return
+
+    def retyped(fake_mode, t, device):
+        if not isinstance(t, FakeTensor):
+            return t
+        return FakeTensor(fake_mode, torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta"),
+                          device)
+
+    def conv(fake_mode, func, *args, **kwargs):
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, FakeTensor)]
+        device = tensors[0].fake_device if tensors else None
+        if device is None or device.type != "neuron" or any(
+                isinstance(s, torch.SymInt) for t in tensors for s in (*t.shape, *t.stride())):
+            return original(fake_mode, func, *args, **kwargs)
+        cpu = torch.device("cpu")
+        out = original(fake_mode, func, *(retyped(fake_mode, a, cpu) for a in args),
+                       **{k: retyped(fake_mode, v, cpu) for k, v in kwargs.items()})
+        if isinstance(out, tuple):
+            return tuple(retyped(fake_mode, o, device) for o in out)
+        return retyped(fake_mode, out, device)
+
+    setattr(conv, _ORIGINAL, original)
+    for op in _FAKE_CONV_OPS:
+        table[_aten_op(op)] = conv
+
+
+_register(
+    "fake-conv-layout",
+    target="torch._subclasses.fake_impls' implementation of convolution and convolution_backward: for "
+           "neuron inputs (static shapes) it answers what it answers for CPU inputs of the same sizes, "
+           "strides and dtypes, on neuron",
+    why="the fake kernel picks the result layout by the backend ATen would select for the input's device; "
+        "for neuron that is the 'overrideable' backend, always contiguous, while neuron runs the CPU's "
+        "convolution (oneDNN for float), whose results are channels-last for channels-last inputs. Eager "
+        "neuron returned that layout and compiled graphs another (contiguous, paid for by a transposing "
+        "copy), and Inductor could not keep a conv net channels-last between its kernels.",
+    check=_check_fake_conv_layout, apply=_apply_fake_conv_layout)
+
+
+# --------------------------------------------------------------------------- inductor-layout-opt
+
+def _check_layout_opt() -> None:
+    name = "inductor-layout-opt"
+    graph = _module(name, "torch._inductor.graph")
+    if not isinstance(getattr(graph, "SUPPORTED_MKLDNN_DEVICES", None), tuple):
+        _fail(name, "torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES is no longer a tuple")
+    lowering = _require(name, graph, "GraphLowering", "torch._inductor.graph")
+    try:
+        module_source = inspect.getsource(graph)
+        source = inspect.getsource(lowering.decide_layout_opt)
+    except (OSError, TypeError, AttributeError):
+        _fail(name, "torch._inductor.graph.GraphLowering.decide_layout_opt no longer has Python source")
+    if module_source.count("SUPPORTED_MKLDNN_DEVICES") != 2 or "in SUPPORTED_MKLDNN_DEVICES" not in source:
+        _fail(name, "torch._inductor.graph no longer reads SUPPORTED_MKLDNN_DEVICES only in decide_layout_opt "
+                    "(where every convolution on such a device turns channels-last on)")
+
+
+def _apply_layout_opt() -> None:
+    from torch._inductor import graph
+
+    if "neuron" not in graph.SUPPORTED_MKLDNN_DEVICES:
+        graph.SUPPORTED_MKLDNN_DEVICES = (*graph.SUPPORTED_MKLDNN_DEVICES, "neuron")
+
+
+_register(
+    "inductor-layout-opt",
+    target="torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES (the name graph.py imported, read only by "
+           "decide_layout_opt) includes neuron; torch._inductor.utils' tuple, read by the mkldnn passes, "
+           "is unchanged",
+    why="Inductor runs a graph whose convolutions are all oneDNN's channels-last (inputs and weights "
+        "converted at the graph's start, the element-wise kernels between convolutions vectorised over "
+        "channels, oneDNN's faster channels-last kernels, no reorders between them); for "
+        "other devices it applies heuristics tuned for cuDNN. neuron's convolutions are the CPU's oneDNN "
+        "kernels (with fake-conv-layout, their result layouts are known at compile time too), so neuron "
+        "graphs decide as CPU graphs do.",
+    check=_check_layout_opt, apply=_apply_layout_opt)
+
+
+# --------------------------------------------------------------------------- inductor-conv-bias
+
+def _check_conv_bias() -> None:
+    name = "inductor-conv-bias"
+    conv = _module(name, "torch._inductor.kernel.conv")
+    lowering = _module(name, "torch._inductor.lowering")
+    fn = _require(name, conv, "convolution", "torch._inductor.kernel.conv")
+    if _original(lowering.lowerings.get(torch.ops.aten.convolution.default)) is not fn:
+        _fail(name, "torch._inductor.kernel.conv.convolution no longer is the lowering of aten.convolution")
+    if not hasattr(getattr(conv, "ir", None), "get_device_type"):
+        _fail(name, "torch._inductor.kernel.conv no longer reaches get_device_type through its module name ir")
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        _fail(name, "torch._inductor.kernel.conv.convolution no longer has Python source")
+    if (source.count("ir.get_device_type(") != 1 or 'bias is not None and device_type != "cpu"' not in source
+            or "device_type" not in source):
+        _fail(name, "the convolution lowering no longer asks ir.get_device_type once, to keep the bias in the "
+                    "convolution on the CPU only")
+
+
+class _NeuronAsCpuIr:
+    """torch._inductor.ir as torch._inductor.kernel.conv sees it during one neuron lowering."""
+
+    def __init__(self, ir):
+        self._ir = ir
+
+    def __getattr__(self, attr):
+        return getattr(self._ir, attr)
+
+    def get_device_type(self, x):
+        t = self._ir.get_device_type(x)
+        return "cpu" if t == "neuron" else t
+
+
+def _apply_conv_bias() -> None:
+    from torch._inductor import ir, lowering
+    from torch._inductor.kernel import conv
+
+    original = lowering.lowerings[torch.ops.aten.convolution.default]
+    if hasattr(original, _ORIGINAL):
+        return
+
+    def convolution(x, *args, **kwargs):
+        if ir.get_device_type(x) != "neuron":
+            return original(x, *args, **kwargs)
+        # Lowering runs on one thread, the one compiling; the check makes sure the device type is asked once.
+        conv.ir = _NeuronAsCpuIr(ir)
+        try:
+            return original(x, *args, **kwargs)
+        finally:
+            conv.ir = ir
+
+    setattr(convolution, _ORIGINAL, original)
+    lowering.lowerings[torch.ops.aten.convolution.default] = convolution
+
+
+_register(
+    "inductor-conv-bias",
+    target="the lowering of aten.convolution (torch._inductor.kernel.conv.convolution), whose "
+           "ir.get_device_type answers 'cpu' for neuron inputs during the call",
+    why="Inductor takes the bias out of every convolution not on the CPU (cuDNN is slower with it) and adds "
+        "it in the next element-wise kernel; that changes the fusion of the whole block (batch norm, ReLU, "
+        "pooling and, in training, their backward, then sized by the bias's gradient) from the CPU's. "
+        "neuron's convolutions are the CPU's oneDNN kernels, which add the bias themselves, as eager neuron "
+        "does.",
+    check=_check_conv_bias, apply=_apply_conv_bias)

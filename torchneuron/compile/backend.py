@@ -34,16 +34,6 @@ MODES: dict[str, dict[str, Any]] = {
     "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True},
 }
 
-# Inductor config for every neuron graph (a mode's config and the user's
-# options override it). No channels-last layout optimisation: it converts
-# inputs and weights to channels-last on every call because cuDNN's and
-# oneDNN's convolutions then produce channels-last outputs. Ours is ATen's
-# "overrideable" convolution backend, whose outputs are contiguous whatever
-# the input layout (torch._C._conv_determine_backend_memory_format), so the
-# device task copies oneDNN's channels-last result into them, transposing:
-# the conversions and that copy cost more than channels-last saves.
-_BASE_CONFIG: dict[str, Any] = {"layout_optimization": False}
-
 _OWN_OPTIONS = ("fallback_execution", "allow_cpu_inputs")
 
 
@@ -107,7 +97,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     if mode not in MODES:
         raise NeuronCompileError(f"torch.compile(backend='neuron'): unknown mode {mode!r}; "
                                  f"expected one of {', '.join(MODES)}")
-    config_patches = {**_BASE_CONFIG, **MODES[mode], **options}
+    config_patches = {**MODES[mode], **options}
     _check_inputs(gm, example_inputs, allow_cpu)
     try:
         if mode == "reduce-overhead":

@@ -99,6 +99,8 @@ def register() -> None:
     _torch_patches.apply("inductor-is-cpu")
     _torch_patches.apply("inductor-current-backend")
     _torch_patches.apply("inductor-argreduce-logical-index")
+    _torch_patches.apply("inductor-layout-opt")
+    _torch_patches.apply("inductor-conv-bias")
     if get_scheduling_for_device("neuron") is None:
         register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen)
     register_device_op_overrides("neuron", NeuronDeviceOpOverrides())

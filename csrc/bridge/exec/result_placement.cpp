@@ -191,7 +191,9 @@ PlaceResults::PlaceResults(const std::vector<c10::IValue>& outputs, bool enabled
   for (const auto& o : outputs) collect(o, ts);
   for (size_t i = 0; i < ts.size(); ++i) {
     const at::Tensor& t = ts[i];
-    if (!t.defined() || t.numel() == 0 || !t.is_contiguous()) continue;
+    // Dense in any dimension order (channels-last, say): its memory is one
+    // block of its size, starting at its data pointer.
+    if (!t.defined() || t.numel() == 0 || !t.is_non_overlapping_and_dense()) continue;
     // By default the results of one size take its requests in order.
     size_t request = std::count_if(tls.targets.begin(), tls.targets.end(),
                                    [&](const Target& o) { return o.nbytes == t.nbytes(); });
