@@ -7,6 +7,7 @@ after the C++ side queued them. ``TORCHNEURON_MEMCHECK=warn`` warns instead.
 """
 from __future__ import annotations
 
+import linecache
 import os
 import traceback
 import warnings
@@ -52,8 +53,10 @@ def _format_frames(frames) -> str:
     if frames is None:
         return "      (not captured: the event happened on a thread without Python)\n"
     lines = []
-    for f in [f for f in frames if f.get("filename", "").endswith(".py") and f["filename"] not in _OWN][:12]:
+    for f in [f for f in frames if f["filename"] not in _OWN][:12]:  # innermost first
         lines.append(f'      File "{f["filename"]}", line {f["line"]}, in {f["name"]}\n')
+        if source := linecache.getline(f["filename"], f["line"]).strip():
+            lines.append(f"        {source}\n")
     return "".join(lines) or "      (no Python frames)\n"
 
 
