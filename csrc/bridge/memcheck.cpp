@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include "device_state.h"
 
@@ -30,7 +31,9 @@ struct Live {
   int64_t alloc_ns = 0;
   bool armed = false;  // its redzone holds the canary
   std::vector<int> recorded;
-  HistoryContext alloc, prev_alloc, prev_free;  // prev_*: the memory's previous owner at this address
+  HistoryContext alloc;
+  // The freed blocks this one's memory came from: (address, size, free stack).
+  std::vector<std::tuple<uintptr_t, size_t, HistoryContext>> previous;
 };
 struct Freed {
   int device = 0, stream = 0;
@@ -261,8 +264,9 @@ void after_task(const CurrentTask& cur) {
                       " used device memory that was freed and handed out again after the task was queued: it is "
                       "now " + describe(it->first, b) + ". A tensor used on a stream other than the one it was "
                       "allocated on needs tensor.record_stream(stream) (or a synchronisation) before it is freed";
-        rep.stacks = {{"The memory's previous block was freed at", b.prev_free},
-                      {"and handed out again at", b.alloc}};
+        for (const auto& [p, n, free] : b.previous)
+          if (v >= p && v < p + n) rep.stacks.push_back({"The memory's previous block was freed at", free});
+        rep.stacks.push_back({"and handed out again at", b.alloc});
         report(std::move(rep));
       }
     } else if (auto f = containing(freed, v); f != freed.end()) {
@@ -386,7 +390,7 @@ void block_allocated(int device, int stream, char* p, size_t size, size_t reques
     if (first != freed.begin() && std::prev(first)->first + std::prev(first)->second.size > a) --first;
     auto last = freed.lower_bound(a + size);
     for (auto it = first; it != last; ++it) {
-      if (it->first == a) b.prev_alloc = it->second.alloc, b.prev_free = it->second.free;
+      b.previous.emplace_back(it->first, it->second.size, it->second.free);
       check.previous.emplace_back(it->first, std::move(it->second));
     }
     freed.erase(first, last);
