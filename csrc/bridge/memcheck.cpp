@@ -441,6 +441,11 @@ void viewed(const void* data) {
 }
 
 void set_gather(GatherContextFn g) { gather_fn.store(g); }
+
+void grant_parallel_workers() {
+#pragma omp parallel
+  if (omp_get_thread_num() > 0) runtime::memcheck::grant_thread();
+}
 HistoryContext gather_stack() { return gather(); }
 
 std::vector<Report> take_reports() {

@@ -54,6 +54,10 @@ void block_recorded(char* p, int stream);                           // record_st
 // Executor: a task views device memory starting at `data`.
 void viewed(const void* data);
 
+// The calling thread's OpenMP workers get access for their life: they run
+// the parallel regions of the kernels its DeviceAccess scopes run.
+void grant_parallel_workers();
+
 // Stacks for reports: the allocator history's gathering function.
 void set_gather(GatherContextFn gather);
 HistoryContext gather_stack();  // null until set

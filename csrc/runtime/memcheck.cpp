@@ -10,7 +10,9 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 
 namespace torchneuron::runtime::memcheck {
 
@@ -76,6 +78,24 @@ void on_segv(int sig, siginfo_t* info, void* context) {
   chain(sig, info, context);
 }
 
+// Ours comes first, chaining to the handler it replaced. Called again
+// whenever a segment is mapped: a handler installed after ours (Python's
+// faulthandler, which pytest enables after its conftest imported torch)
+// would otherwise see a fault first and end the process.
+std::mutex g_handler_mu;
+bool install_handler() {
+  std::lock_guard<std::mutex> lock(g_handler_mu);
+  struct sigaction current {};
+  if (sigaction(SIGSEGV, nullptr, &current) != 0) return false;
+  if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_segv) return true;
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  g_previous = current;
+  return sigaction(SIGSEGV, &sa, nullptr) == 0;
+}
+
 bool start_protection() {
   g_pkru_offset = pkru_offset();
   if (!g_pkru_offset) {
@@ -89,11 +109,7 @@ bool start_protection() {
     g_off_reason = std::string("pkey_alloc failed: ") + std::strerror(errno);
     return false;
   }
-  struct sigaction sa {};
-  sa.sa_sigaction = on_segv;
-  sa.sa_flags = SA_SIGINFO | SA_NODEFER;
-  sigemptyset(&sa.sa_mask);
-  if (sigaction(SIGSEGV, &sa, &g_previous) != 0) {
+  if (!install_handler()) {
     g_off_reason = std::string("cannot install the SIGSEGV handler: ") + std::strerror(errno);
     pkey_free(g_pkey);
     g_pkey = -1;
@@ -110,7 +126,9 @@ bool protecting() { return g_protecting; }
 const std::string& protection_off_reason() { return g_off_reason; }
 
 void protect(void* p, size_t n) {
-  if (g_protecting) pkey_mprotect(p, n, PROT_READ | PROT_WRITE, g_pkey);
+  if (!g_protecting) return;
+  install_handler();
+  pkey_mprotect(p, n, PROT_READ | PROT_WRITE, g_pkey);
 }
 
 void DeviceAccess::enter() {

@@ -55,6 +55,7 @@ void bind_memcheck(py::module_& m) {
     torch::installCapturedTracebackPython();
     memcheck::set_gather(gather_python);
     memcheck::set_report_notifier(notify);
+    memcheck::grant_parallel_workers();
   });
   // [{kind, message, python_stack, stacks: [(title, frames)]}]; frames as
   // torch.cuda.memory._snapshot's (dicts of filename, line, name).
