@@ -101,6 +101,14 @@ std::string describe(uintptr_t p, const Live& b) {
          std::to_string(b.size) + " reserved, allocated on " + where(b.device, b.stream) + ")";
 }
 
+template <class Map>
+auto containing(Map& m, uintptr_t a) {
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return m.end();
+  --it;
+  return a < it->first + it->second.size ? it : m.end();
+}
+
 // The first byte of [p, p + n) that is not the poison, checking whole or
 // bounded (kCheckSpan); n when there is none.
 size_t first_unpoisoned(const char* p, size_t n, bool bounded) {
@@ -150,10 +158,14 @@ void run(Request& r) {
       run_check(r);
       break;
     case Request::Arm: {
-      std::memset(r.p, kPoison, r.n);
+      // Only while the block lives: freed and handed out again meanwhile,
+      // its redzone may be the new owner's data.
       std::lock_guard<std::mutex> lock(table_mu);
-      for (auto& [p, b] : live)
-        if (b.id == r.id) b.armed = true;
+      auto it = containing(live, reinterpret_cast<uintptr_t>(r.p) - 1);
+      if (it != live.end() && it->second.id == r.id) {
+        std::memset(r.p, kPoison, r.n);
+        it->second.armed = true;
+      }
       break;
     }
   }
@@ -221,14 +233,6 @@ struct CurrentTask {
   std::vector<uintptr_t> views;
 };
 thread_local CurrentTask t_current;
-
-template <class Map>
-auto containing(Map& m, uintptr_t a) {
-  auto it = m.upper_bound(a);
-  if (it == m.begin()) return m.end();
-  --it;
-  return a < it->first + it->second.size ? it : m.end();
-}
 
 bool recorded_on(const std::vector<int>& streams, int s) {
   return std::find(streams.begin(), streams.end(), s) != streams.end();

@@ -59,11 +59,11 @@ void chain(int sig, siginfo_t* info, void* context) {
 
 void on_segv(int sig, siginfo_t* info, void* context) {
 #ifdef SEGV_PKUERR
-  if (info->si_code == SEGV_PKUERR && info->si_pkey == g_pkey) {
+  if (info->si_code == SEGV_PKUERR && info->si_pkey == static_cast<uint32_t>(g_pkey)) {
     auto* uc = static_cast<ucontext_t*>(context);
     auto* xsave = reinterpret_cast<char*>(uc->uc_mcontext.fpregs);
-    const uint64_t xstate_bv = *reinterpret_cast<uint64_t*>(xsave + 512);
-    if (xsave && (xstate_bv >> kPkruComponent & 1)) {
+    // The XSAVE header follows the 512-byte legacy area; PKRU is there only if its bit is set.
+    if (xsave && (*reinterpret_cast<uint64_t*>(xsave + 512) >> kPkruComponent & 1)) {
       // Access and write enabled for our key in the interrupted context.
       *reinterpret_cast<uint32_t*>(xsave + g_pkru_offset) &= ~(3u << (2 * g_pkey));
       if (FaultReporter report = g_reporter.load(std::memory_order_acquire)) {
