@@ -264,7 +264,6 @@ Block* malloc_block(int device, int stream, size_t requested, HistoryContext con
   increase(c, large, &DeviceStats::active_bytes, b->size);
   increase(c, large, &DeviceStats::requested_bytes, requested);
   trace(c, "alloc", b->ptr, b->size, stream, alloc_events_keep_frames.load(std::memory_order_relaxed) ? context : nullptr);
-  if (memcheck::on()) memcheck::block_allocated(device, stream, b->ptr, b->size, requested, context);
   b->context = std::move(context);
   report_to_profiler(c, b->ptr, static_cast<int64_t>(b->size), device);
   return b;
@@ -307,8 +306,10 @@ c10::DataPtr NeuronCachingAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(kNeuron, device));
   int stream = static_cast<int>(current_stream(device).id());
   HistoryContext context = gather(gather_alloc_context);
-  if (!context && memcheck::on()) context = memcheck::gather_stack();
+  // The memory checker's stacks are its own: the history keeps what it was asked to.
+  HistoryContext checked = memcheck::on() ? (context ? context : memcheck::gather_stack()) : nullptr;
   Block* b = translate_errors([&] { return malloc_block(device, stream, nbytes, std::move(context)); });
+  if (memcheck::on()) memcheck::block_allocated(device, stream, b->ptr, b->size, nbytes, std::move(checked));
   return c10::DataPtr(b->ptr, b, free_block, c10::Device(kNeuron, device));
 }
 
