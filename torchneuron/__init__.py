@@ -42,3 +42,8 @@ if _os.environ.get("TORCHNEURON_STREAM_SANITIZER"):  # the stream sanitizer for 
     from . import sanitizer as _sanitizer
 
     _sanitizer._enable_from_environment()
+
+if _os.environ.get("TORCHNEURON_MEMCHECK"):  # the device memory checker (docs/sanitizers.md)
+    from . import memcheck as _memcheck
+
+    _memcheck._enable_from_environment()

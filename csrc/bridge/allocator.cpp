@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "device_state.h"
+#include "memcheck.h"
 #include "sanitizer.h"
 
 namespace torchneuron {
@@ -123,6 +124,7 @@ std::string mib(double bytes) {
 // blocks of a segment share a pool, and a tiny operator's alloc/free pair
 // then costs the pool no tree-node allocation.
 void release_block(DeviceCache& c, Block* b) {
+  if (memcheck::on()) memcheck::block_released(b->device, b->stream, b->ptr, b->size);
   decrease(c, b->large, &DeviceStats::active, 1);
   decrease(c, b->large, &DeviceStats::active_bytes, b->size);
   trace(c, "free_completed", b->ptr, b->size, b->stream);
@@ -176,6 +178,7 @@ void release_cached(int device, std::unique_lock<std::mutex>& lock) {
     decrease(c, b->large, &DeviceStats::segment, 1);
     decrease(c, b->large, &DeviceStats::reserved_bytes, b->size);
     trace(c, "segment_free", b->ptr, b->size, b->stream);
+    if (memcheck::on()) memcheck::segment_unmapped(device, b->ptr, b->size);
     rt::device(device).unmap(b->ptr);
     delete b;
     it = c.segments.erase(it);
@@ -209,7 +212,7 @@ Block* malloc_block(int device, int stream, size_t requested, HistoryContext con
   DeviceCache& c = cache(device);
   std::unique_lock<std::mutex> lock(c.mu);
   process_deferred(c, false);
-  const size_t size = round_size(requested);
+  const size_t size = round_size(memcheck::padded(requested));
   const bool large = size > kSmallRequest;
   auto& pool = large ? c.large_pool : c.small_pool;
   Block key;
@@ -226,6 +229,7 @@ Block* malloc_block(int device, int stream, size_t requested, HistoryContext con
                : (size + kSegmentRound - 1) / kSegmentRound * kSegmentRound;
     b = new Block;
     b->ptr = map_segment(c, device, seg, size, lock);
+    if (memcheck::on()) memcheck::segment_mapped(device, b->ptr, seg);
     b->device = device;
     b->stream = stream;
     b->size = seg;
@@ -272,6 +276,7 @@ void free_block(void* ctx) {
   // blocks: another stream may still read a recorded one.
   if (b->used_on.empty()) rt::device(b->device).stream(b->stream).notify_free(b->ptr, b->size);
   HistoryContext context = gather(gather_free_context);
+  if (memcheck::on()) memcheck::block_freed(b->ptr, context ? context : memcheck::gather_stack());
   sanitizer::log_free(b->device, b->stream, b->ptr, b->size, b->used_on);
   DeviceCache& c = cache(b->device);
   std::lock_guard<std::mutex> lock(c.mu);
@@ -300,7 +305,11 @@ c10::DataPtr NeuronCachingAllocator::allocate(size_t nbytes) {
   ensure_initialized();
   if (nbytes == 0) return c10::DataPtr(nullptr, c10::Device(kNeuron, device));
   int stream = static_cast<int>(current_stream(device).id());
-  Block* b = translate_errors([&] { return malloc_block(device, stream, nbytes, gather(gather_alloc_context)); });
+  HistoryContext context = gather(gather_alloc_context);
+  // The memory checker's stacks are its own: the history keeps what it was asked to.
+  HistoryContext checked = memcheck::on() ? (context ? context : memcheck::gather_stack()) : nullptr;
+  Block* b = translate_errors([&] { return malloc_block(device, stream, nbytes, std::move(context)); });
+  if (memcheck::on()) memcheck::block_allocated(device, stream, b->ptr, b->size, nbytes, std::move(checked));
   return c10::DataPtr(b->ptr, b, free_block, c10::Device(kNeuron, device));
 }
 
@@ -311,6 +320,7 @@ void NeuronCachingAllocator::copy_data(void* dest, const void* src, std::size_t 
   // Storage-level copies (e.g. by serialization helpers) are ordered after
   // the current stream's work.
   translate_errors([&] { current_runtime_stream(current_device()).synchronize(); });
+  memcheck::HostAccess access;
   std::memcpy(dest, src, count);
 }
 
@@ -329,8 +339,10 @@ void NeuronCachingAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream s
   DeviceCache& c = cache(b->device);
   std::lock_guard<std::mutex> lock(c.mu);
   int s = static_cast<int>(stream.id());
-  if (s != b->stream && std::find(b->used_on.begin(), b->used_on.end(), s) == b->used_on.end())
+  if (s != b->stream && std::find(b->used_on.begin(), b->used_on.end(), s) == b->used_on.end()) {
     b->used_on.push_back(s);
+    if (memcheck::on()) memcheck::block_recorded(b->ptr, s);
+  }
 }
 
 DeviceStats NeuronCachingAllocator::getDeviceStats(c10::DeviceIndex device) {

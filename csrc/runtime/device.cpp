@@ -1,4 +1,5 @@
 #include "device.h"
+#include "memcheck.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
@@ -45,6 +46,7 @@ void* Device::map(size_t bytes) {
     throw OutOfMemoryError(index(), bytes, mapped_, props_.total_memory);
   }
   segments_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
+  memcheck::protect(p, bytes);
   return p;
 }
 
@@ -83,7 +85,10 @@ Device::SharedSegment Device::share(const void* ptr) {
     ::close(fd);
     fail("mapping a shared memory object");
   }
-  std::memcpy(staging, base, bytes);
+  {
+    memcheck::DeviceAccess access;
+    std::memcpy(staging, base, bytes);
+  }
   ::munmap(staging, bytes);
   // The same addresses, now backed by the shared object: device tensors and
   // the allocator's blocks keep their pointers.
@@ -91,6 +96,7 @@ Device::SharedSegment Device::share(const void* ptr) {
     ::close(fd);
     fail("remapping the segment");
   }
+  memcheck::protect(base, bytes);
   shared_fds_.emplace(it->first, fd);
   return {fd, base, bytes};
 }
@@ -108,6 +114,7 @@ void* Device::map_shared(int fd, size_t bytes) {
     throw UsageError(std::string("cannot map shared neuron device memory: ") + std::strerror(errno));
   }
   segments_.emplace(reinterpret_cast<uintptr_t>(p), bytes);
+  memcheck::protect(p, bytes);
   return p;
 }
 

@@ -10,6 +10,7 @@
 
 #include "device.h"
 #include "errors.h"
+#include "memcheck.h"
 
 namespace torchneuron::runtime {
 
@@ -118,6 +119,8 @@ void Stream::run_one(Task& task) {
   task.started_ns = now_ns();
   device_.busy_time().task_started(task.started_ns);
   const bool cancelled = task.seq <= cancelled_through_.load(std::memory_order_acquire);
+  const bool checked = memcheck::on() && !cancelled;
+  if (checked) memcheck::task_hook(device_.index(), id_, task, false);
   try {
     if (!cancelled) task.run();
   } catch (const std::exception& e) {
@@ -127,6 +130,7 @@ void Stream::run_one(Task& task) {
         AsyncError(device_.index(), id_, task.name.str(), "unknown exception", std::current_exception()));
   }
   task.finished_ns = now_ns();
+  if (checked) memcheck::task_hook(device_.index(), id_, task, true);
   device_.busy_time().task_finished(task.finished_ns);
   if (!cancelled) device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
@@ -142,6 +146,7 @@ void Stream::run_one(Task& task) {
 }
 
 void Stream::executor_loop() {
+  memcheck::grant_thread();  // the device's own thread
   while (Slot* slot = next_task()) {
     run_one(slot->task);
     slot->task = Task();

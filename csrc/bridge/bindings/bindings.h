@@ -15,5 +15,7 @@ void bind_distributed(pybind11::module_& m);
 void bind_sharing(pybind11::module_& m);
 // The stream sanitizer's log and helpers (sanitizer_bindings.cpp).
 void bind_sanitizer(pybind11::module_& m);
+// The device memory checker's reports (memcheck_bindings.cpp).
+void bind_memcheck(pybind11::module_& m);
 
 } // namespace torchneuron

@@ -256,4 +256,5 @@ PYBIND11_MODULE(_C, m) {
   bind_distributed(m);
   bind_sharing(m);
   bind_sanitizer(m);
+  bind_memcheck(m);
 }

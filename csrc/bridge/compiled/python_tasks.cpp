@@ -38,6 +38,7 @@
 #include "../device_state.h"
 #include "../exec/host_views.h"
 #include "../exec/thread_count.h"
+#include "../memcheck.h"
 #include "../op_tracking.h"
 
 namespace torchneuron {
@@ -66,6 +67,8 @@ void launch_python_task(int64_t call, c10::string_view name, at::TensorList tens
                                   .typed<void(int64_t, at::TensorList)>();
       auto below = below_autograd();
       follow_host_thread_count();
+      if (memcheck::on())
+        for (const at::Tensor& h : host) memcheck::viewed(h.storage().data());
       run.call(call, host);
     });
   });
@@ -157,6 +160,8 @@ void launch_cpp_kernel(int64_t fn, const std::string& name, c10::DeviceIndex dev
     current_runtime_stream(device).enqueue(name, [fn, args = std::move(args), values = std::move(values)]() mutable {
       // (the copies' addresses are final only now, inside the task)
       for (const auto& [pos, v] : values) args.ints[pos] = v.address();
+      if (memcheck::on())  // pointer arguments: the checker ignores integers that point nowhere
+        for (int64_t a : args.ints) memcheck::viewed(reinterpret_cast<const void*>(a));
       call_cpp_kernel(fn, args.ints, args.floats);
     });
   });

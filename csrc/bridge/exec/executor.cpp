@@ -40,6 +40,7 @@
 #include <optional>
 
 #include "../device_state.h"
+#include "../memcheck.h"
 #include "../op_tracking.h"
 #include "call_verdicts.h"
 #include "host_views.h"
@@ -259,6 +260,7 @@ std::optional<bool> meta_verdict(const OpPolicy& policy, uint64_t sig) {
 } // namespace
 
 void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  runtime::memcheck::DeviceAccess access;  // (memcheck.h) synchronous paths run kernels on this thread
   const OpPolicy& policy = op_policy(op);
   const auto& schema = op.schema();
   auto args = torch::jit::last(*stack, schema.arguments().size());

@@ -5,6 +5,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "../device_state.h"
+#include "../memcheck.h"
 
 namespace torchneuron {
 namespace {
@@ -79,6 +80,7 @@ SharedHostStorages::~SharedHostStorages() {
 }
 
 at::Tensor DeferredHostView::make(bool resizable) const {
+  if (memcheck::on()) memcheck::viewed(data);
   // Empty storages (no data) share nothing: two empty out= arguments grow apart.
   c10::Storage storage =
       shared.depth > 0 && data ? shared.find_or_make(data, nbytes) : host_storage(data, nbytes, resizable);

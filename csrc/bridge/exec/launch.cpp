@@ -10,6 +10,7 @@
 #include "../device_state.h"
 #include "../generator.h"
 #include "../kernels/device_ops.h"
+#include "../memcheck.h"
 #include "fuser.h"
 #include "host_views.h"
 #include "op_policy.h"
@@ -354,6 +355,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
   const auto& schema = op.schema();
   const size_t n = schema.arguments().size(), r = schema.returns().size();
   translate_errors([&] { current_runtime_stream(device).synchronize(); });
+  memcheck::HostAccess access;
   std::vector<c10::IValue> originals(stack->end() - n, stack->end());
   SharedHostStorages shared;
   // One host view per device tensor, however many arguments pass it: ATen's

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "../exec/host_views.h"
+#include "../memcheck.h"
 #include "../exec/launch.h"
 #include "../exec/op_policy.h"
 #include "../exec/result_placement.h"
@@ -391,6 +392,10 @@ void FusedGroup::run_range(int64_t begin, int64_t end, int64_t piece, bool whole
 }
 
 void FusedGroup::run() {
+  if (memcheck::on())  // the device memory the group touches (memcheck.h)
+    for (const auto& member : members)
+      for (const Operand& o : member.operands)
+        if (o.slot < 0) memcheck::viewed(reinterpret_cast<const void*>(o.range.begin));
   auto guard = below_autograd();
   follow_host_thread_count();  // the split below is the CPU's for this count
   // Nothing joined: one call over everything, as unfused, saves the pieces.

@@ -40,6 +40,7 @@
 #include "../exec/fuser.h"
 #include "../exec/host_views.h"
 #include "../exec/thread_count.h"
+#include "../memcheck.h"
 #include "../op_tracking.h"
 #include "kernels.h"
 
@@ -52,6 +53,7 @@ using LeanKernel = void (*)(at::Tensor& out, const at::Tensor& a, const at::Tens
 // A CPU tensor of `sizes` at `data`: contiguous, or with the strides of a
 // transposed matrix.
 at::Tensor alias(const void* data, c10::IntArrayRef sizes, c10::ScalarType dtype, bool transposed = false) {
+  if (memcheck::on()) memcheck::viewed(data);
   const auto meta = c10::scalarTypeToTypeMeta(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), c10::multiply_integers(sizes) * meta.itemsize(),
                        c10::DataPtr(const_cast<void*>(data), c10::Device(c10::kCPU)), nullptr, false);

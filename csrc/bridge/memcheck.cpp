@@ -1,0 +1,474 @@
+// The device memory checker's bridge half (memcheck.h).
+#include "memcheck.h"
+
+#include <dlfcn.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "device_state.h"
+
+namespace torchneuron::memcheck {
+namespace {
+
+constexpr unsigned char kPoison = 0xFB;
+// A handed-out block is checked whole up to twice this, else its first and
+// last kCheckSpan bytes: the fill is always whole, the check is bounded.
+constexpr size_t kCheckSpan = 32 << 10;
+constexpr size_t kCanaryMax = 4096;  // of the slack after the requested bytes
+
+struct Live {
+  int device = 0, stream = 0;
+  size_t size = 0, requested = 0;
+  uint64_t id = 0;
+  int64_t alloc_ns = 0;
+  bool armed = false;  // its redzone holds the canary
+  std::vector<int> recorded;
+  HistoryContext alloc;
+  // The freed blocks this one's memory came from: (address, size, free stack).
+  std::vector<std::tuple<uintptr_t, size_t, HistoryContext>> previous;
+};
+struct Freed {
+  int device = 0, stream = 0;
+  size_t size = 0, requested = 0;
+  int64_t free_ns = 0;
+  std::vector<int> recorded;
+  HistoryContext alloc, free;
+};
+
+std::mutex table_mu;
+std::map<uintptr_t, Live> live;
+std::map<uintptr_t, Freed> freed;
+uint64_t next_id = 0;
+std::set<std::pair<uintptr_t, int>> reported_cross;  // (block id, stream) already reported
+
+struct Request {
+  enum Kind { Poison, Check, Arm } kind;
+  uint64_t after;  // runs once the stream finished this task, before the next one starts
+  char* p;
+  size_t n;
+  uint64_t id = 0;               // Check, Arm: the block
+  std::vector<std::pair<uintptr_t, Freed>> previous;  // Check: the memory's previous owners
+};
+struct Queue {
+  std::mutex mu;
+  std::vector<Request> requests;
+};
+constexpr int kStreams = rt::Device::kStreams;
+std::array<Queue, 64 * kStreams> queues;
+std::array<std::atomic<int>, 64> pending_requests{};  // per device
+Queue& queue(int device, int stream) { return queues.at(device * kStreams + stream); }
+
+std::atomic<GatherContextFn> gather_fn{nullptr};
+HistoryContext gather() {
+  GatherContextFn f = gather_fn.load(std::memory_order_relaxed);
+  return f ? f() : nullptr;
+}
+
+std::mutex reports_mu;
+std::vector<Report> reports;
+std::atomic<void (*)()> notifier{nullptr};
+std::atomic<size_t> n_poisoned{0}, n_checked{0}, n_unchecked{0}, n_canary{0}, n_reports{0};
+
+void report(Report r) {
+  {
+    std::lock_guard<std::mutex> lock(reports_mu);
+    reports.push_back(std::move(r));
+  }
+  ++n_reports;
+  if (auto notify = notifier.load()) notify();
+}
+
+std::string hex(uintptr_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "0x%lx", static_cast<unsigned long>(v));
+  return buf;
+}
+
+std::string where(int device, int stream) {
+  return "neuron:" + std::to_string(device) + " stream " + std::to_string(stream);
+}
+
+std::string describe(uintptr_t p, const Live& b) {
+  return "the block at " + hex(p) + " (" + std::to_string(b.requested) + " bytes requested, " +
+         std::to_string(b.size) + " reserved, allocated on " + where(b.device, b.stream) + ")";
+}
+
+template <class Map>
+auto containing(Map& m, uintptr_t a) {
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return m.end();
+  --it;
+  return a < it->first + it->second.size ? it : m.end();
+}
+
+// The first byte of [p, p + n) that is not the poison, checking whole or
+// bounded (kCheckSpan); n when there is none.
+size_t first_unpoisoned(const char* p, size_t n, bool bounded) {
+  auto scan = [&](size_t from, size_t to) {
+    for (size_t i = from; i < to; ++i)
+      if (static_cast<unsigned char>(p[i]) != kPoison) return i;
+    return n;
+  };
+  if (!bounded || n <= 2 * kCheckSpan) return scan(0, n);
+  if (size_t i = scan(0, kCheckSpan); i != n) return i;
+  return scan(n - kCheckSpan, n);
+}
+
+void run_check(const Request& r) {
+  ++n_checked;
+  const size_t bad = first_unpoisoned(r.p, r.n, true);
+  {
+    std::lock_guard<std::mutex> lock(table_mu);
+    if (auto it = live.find(reinterpret_cast<uintptr_t>(r.p)); it != live.end() && it->second.id == r.id)
+      it->second.armed = true;  // the redzone is poison, hence the canary
+  }
+  if (bad == r.n) return;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(r.p) + bad;
+  Report rep{"write after free", "", {}, false};
+  char val[8];
+  std::snprintf(val, sizeof val, "0x%02x", static_cast<unsigned char>(r.p[bad]));
+  rep.message = "device memory was written after it was freed: byte " + hex(addr) + " holds " + val +
+                " instead of the poison 0xfb when the memory was handed out again (" + std::to_string(r.n) +
+                " bytes at " + hex(reinterpret_cast<uintptr_t>(r.p)) + ")";
+  for (const auto& [p, f] : r.previous)
+    if (addr >= p && addr < p + f.size) {
+      rep.message += "; it belonged to a block of " + std::to_string(f.requested) + " bytes at " + hex(p) +
+                     " on " + where(f.device, f.stream);
+      rep.stacks.push_back({"That block was allocated at", f.alloc});
+      rep.stacks.push_back({"and freed at", f.free});
+    }
+  report(std::move(rep));
+}
+
+void run(Request& r) {
+  switch (r.kind) {
+    case Request::Poison:
+      std::memset(r.p, kPoison, r.n);
+      ++n_poisoned;
+      break;
+    case Request::Check:
+      run_check(r);
+      break;
+    case Request::Arm: {
+      // Only while the block lives: freed and handed out again meanwhile,
+      // its redzone may be the new owner's data.
+      std::lock_guard<std::mutex> lock(table_mu);
+      auto it = containing(live, reinterpret_cast<uintptr_t>(r.p) - 1);
+      if (it != live.end() && it->second.id == r.id) {
+        std::memset(r.p, kPoison, r.n);
+        it->second.armed = true;
+      }
+      break;
+    }
+  }
+}
+
+// Runs the queue's requests that may run now (call with q.mu held): those
+// after tasks before `before`, or all whose task the stream completed.
+void run_ready(Queue& q, int device, uint64_t before, const rt::Stream* stream) {
+  auto& rs = q.requests;
+  size_t kept = 0;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    Request& r = rs[i];
+    const bool ready = stream ? stream->is_complete(r.after) : r.after < before;
+    if (ready) {
+      run(r);
+      pending_requests[device].fetch_sub(1, std::memory_order_relaxed);
+    } else if (kept != i) {
+      rs[kept++] = std::move(r);
+    } else {
+      ++kept;
+    }
+  }
+  rs.resize(kept);
+}
+
+void push(int device, int stream, Request r) {
+  Queue& q = queue(device, stream);
+  runtime::memcheck::DeviceAccess access;
+  std::lock_guard<std::mutex> lock(q.mu);
+  q.requests.push_back(std::move(r));
+  pending_requests[device].fetch_add(1, std::memory_order_relaxed);
+  run_ready(q, device, 0, &rt::device(device).stream(stream));
+}
+
+bool overlaps(uintptr_t a, size_t an, uintptr_t b, size_t bn) { return a < b + bn && b < a + an; }
+
+// Pending poison fills over [p, p + n) of one stream are dropped (the memory
+// is in use again before they ran); whether there were any.
+bool cancel_poison(Queue& q, int device, char* p, size_t n) {
+  bool any = false;
+  std::vector<Request> pieces;
+  auto& rs = q.requests;
+  for (auto it = rs.begin(); it != rs.end();) {
+    if (it->kind != Request::Poison || !overlaps(uintptr_t(it->p), it->n, uintptr_t(p), n)) {
+      ++it;
+      continue;
+    }
+    any = true;
+    if (it->p < p) pieces.push_back({Request::Poison, it->after, it->p, size_t(p - it->p)});
+    if (it->p + it->n > p + n) pieces.push_back({Request::Poison, it->after, p + n, size_t(it->p + it->n - (p + n))});
+    it = rs.erase(it);
+    pending_requests[device].fetch_sub(1, std::memory_order_relaxed);
+  }
+  for (auto& piece : pieces) {
+    rs.push_back(std::move(piece));
+    pending_requests[device].fetch_add(1, std::memory_order_relaxed);
+  }
+  return any;
+}
+
+// The task an executor thread runs, and the device memory it viewed.
+struct CurrentTask {
+  const rt::Task* task = nullptr;
+  int device = 0, stream = 0;
+  std::vector<uintptr_t> views;
+};
+thread_local CurrentTask t_current;
+
+bool recorded_on(const std::vector<int>& streams, int s) {
+  return std::find(streams.begin(), streams.end(), s) != streams.end();
+}
+
+void after_task(const CurrentTask& cur) {
+  auto views = cur.views;
+  std::sort(views.begin(), views.end());
+  views.erase(std::unique(views.begin(), views.end()), views.end());
+  const std::string& op = cur.task->name.str();
+  std::lock_guard<std::mutex> lock(table_mu);
+  for (uintptr_t v : views) {
+    if (auto it = containing(live, v); it != live.end()) {
+      Live& b = it->second;
+      char* p = reinterpret_cast<char*>(it->first);
+      if (b.armed && b.size > b.requested) {
+        ++n_canary;
+        const size_t n = std::min(b.size - b.requested, kCanaryMax);
+        const size_t bad = first_unpoisoned(p + b.requested, n, false);
+        if (bad != n) {
+          Report rep{"out of bounds", "", {{"The block was allocated at", b.alloc}}, false};
+          rep.message = "task " + op + " on " + where(cur.device, cur.stream) + " wrote past the end of " +
+                        describe(it->first, b) + ": byte " + std::to_string(b.requested + bad) +
+                        " of the block (" + std::to_string(bad) + " past the requested bytes) was overwritten";
+          std::memset(p + b.requested, kPoison, n);  // re-armed: one report per overrun
+          report(std::move(rep));
+        }
+      }
+      if (b.stream != cur.stream && !recorded_on(b.recorded, cur.stream) && b.alloc_ns > cur.task->enqueued_ns &&
+          reported_cross.insert({b.id, cur.stream}).second) {
+        Report rep{"missing record_stream", "", {}, false};
+        rep.message = "task " + op + " on " + where(cur.device, cur.stream) +
+                      " used device memory that was freed and handed out again after the task was queued: it is "
+                      "now " + describe(it->first, b) + ". A tensor used on a stream other than the one it was "
+                      "allocated on needs tensor.record_stream(stream) (or a synchronisation) before it is freed";
+        for (const auto& [p, n, free] : b.previous)
+          if (v >= p && v < p + n) rep.stacks.push_back({"The memory's previous block was freed at", free});
+        rep.stacks.push_back({"and handed out again at", b.alloc});
+        report(std::move(rep));
+      }
+    } else if (auto f = containing(freed, v); f != freed.end()) {
+      const Freed& b = f->second;
+      if (b.stream != cur.stream && !recorded_on(b.recorded, cur.stream) && b.free_ns > cur.task->enqueued_ns &&
+          reported_cross.insert({f->first, cur.stream}).second) {
+        Report rep{"missing record_stream", "", {}, false};
+        rep.message = "task " + op + " on " + where(cur.device, cur.stream) + " used a block of " +
+                      std::to_string(b.requested) + " bytes at " + hex(f->first) + " (allocated on " +
+                      where(b.device, b.stream) + ") that was freed after the task was queued, without "
+                      "record_stream: its stream may hand the memory out again while this task runs";
+        rep.stacks = {{"The block was allocated at", b.alloc}, {"and freed at", b.free}};
+        report(std::move(rep));
+      }
+    }
+  }
+}
+
+void task_hook(int device, int stream, const rt::Task& task, bool finished) {
+  try {
+    if (!finished) {
+      t_current.task = &task;
+      t_current.device = device;
+      t_current.stream = stream;
+      t_current.views.clear();
+      if (pending_requests[device].load(std::memory_order_relaxed) > 0) {
+        Queue& q = queue(device, stream);
+        std::lock_guard<std::mutex> lock(q.mu);
+        run_ready(q, device, task.seq, nullptr);
+      }
+      return;
+    }
+    if (!t_current.views.empty()) after_task(t_current);
+  } catch (...) {
+    // A checker's failure (out of host memory) must not fail the task.
+  }
+  t_current.task = nullptr;
+}
+
+// Inside the SIGSEGV handler (runtime/memcheck.h).
+void on_fault(const runtime::memcheck::Fault& f) {
+  // OpenMP workers of a kernel's parallel region run device work for a
+  // thread that holds access; they keep the access the fault granted.
+  if (omp_in_parallel() && omp_get_thread_num() > 0) return;
+  Report rep{"host access", "", {}, true};
+  const auto addr = reinterpret_cast<uintptr_t>(f.addr);
+  std::string what = "device memory at " + hex(addr);
+  {
+    std::lock_guard<std::mutex> lock(table_mu);
+    if (auto it = containing(live, addr); it != live.end()) {
+      what += ", byte " + std::to_string(addr - it->first) + " of " + describe(it->first, it->second);
+      rep.stacks.push_back({"The block was allocated at", it->second.alloc});
+    } else if (auto fr = containing(freed, addr); fr != freed.end()) {
+      what += ", byte " + std::to_string(addr - fr->first) + " of a freed block of " +
+              std::to_string(fr->second.requested) + " bytes (allocated on " +
+              where(fr->second.device, fr->second.stream) + ")";
+      rep.stacks.push_back({"The block was allocated at", fr->second.alloc});
+      rep.stacks.push_back({"and freed at", fr->second.free});
+    } else {
+      what += " (free memory of a device segment)";
+    }
+  }
+  Dl_info info{};
+  std::string place = hex(reinterpret_cast<uintptr_t>(f.ip));
+  if (dladdr(f.ip, &info) && info.dli_fname) {
+    place += " in ";
+    place += info.dli_sname ? info.dli_sname : "?";
+    place += " (";
+    place += info.dli_fname;
+    place += ")";
+  }
+  rep.message = std::string("host code ") + (f.write ? "wrote" : "read") + " " + what +
+                " outside a device task (thread " + std::to_string(f.thread) + ", instruction " + place +
+                "); device memory is only for device work: copy the tensor to the CPU (tensor.cpu()) to read it";
+  report(std::move(rep));
+}
+
+} // namespace
+
+void HostAccess::settle() {
+  const int device = current_device();
+  if (pending_requests[device].load(std::memory_order_relaxed) == 0) return;
+  for (int s = 0; s < kStreams; ++s) {
+    Queue& q = queue(device, s);
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (!q.requests.empty()) run_ready(q, device, 0, &rt::device(device).stream(s));
+  }
+}
+
+void segment_mapped(int device, char* p, size_t bytes) {
+  runtime::memcheck::DeviceAccess access;
+  std::memset(p, kPoison, bytes);
+}
+
+void segment_unmapped(int device, char* p, size_t bytes) {
+  for (int s = 0; s < kStreams; ++s) {
+    Queue& q = queue(device, s);
+    std::lock_guard<std::mutex> lock(q.mu);
+    auto& rs = q.requests;
+    const auto n0 = rs.size();
+    rs.erase(std::remove_if(rs.begin(), rs.end(),
+                            [&](const Request& r) { return overlaps(uintptr_t(r.p), r.n, uintptr_t(p), bytes); }),
+             rs.end());
+    pending_requests[device].fetch_sub(static_cast<int>(n0 - rs.size()), std::memory_order_relaxed);
+  }
+  std::lock_guard<std::mutex> lock(table_mu);
+  freed.erase(freed.lower_bound(uintptr_t(p)), freed.lower_bound(uintptr_t(p) + bytes));
+}
+
+void block_allocated(int device, int stream, char* p, size_t size, size_t requested, HistoryContext context) {
+  Request check{Request::Check, 0, p, size};
+  {
+    std::lock_guard<std::mutex> lock(table_mu);
+    const auto a = reinterpret_cast<uintptr_t>(p);
+    Live b;
+    b.device = device, b.stream = stream, b.size = size, b.requested = requested;
+    b.id = check.id = ++next_id;
+    b.alloc_ns = rt::now_ns();
+    b.alloc = std::move(context);
+    auto first = freed.upper_bound(a);
+    if (first != freed.begin() && std::prev(first)->first + std::prev(first)->second.size > a) --first;
+    auto last = freed.lower_bound(a + size);
+    for (auto it = first; it != last; ++it) {
+      b.previous.emplace_back(it->first, it->second.size, it->second.free);
+      check.previous.emplace_back(it->first, std::move(it->second));
+    }
+    freed.erase(first, last);
+    live[a] = std::move(b);
+  }
+  rt::Stream& s = rt::device(device).stream(stream);
+  bool unpoisoned;
+  {
+    Queue& q = queue(device, stream);
+    std::lock_guard<std::mutex> lock(q.mu);
+    unpoisoned = cancel_poison(q, device, p, size);
+  }
+  if (unpoisoned) {
+    // Tasks queued before may still write the memory: no check, and the
+    // canary goes in once they ran.
+    ++n_unchecked;
+    push(device, stream, {Request::Arm, s.last_enqueued(), p + requested, size - requested, check.id});
+  } else {
+    // Any task that had not started may be one the new owner joins (the
+    // fuser amends a queued task): check before the first of them.
+    check.after = s.last_enqueued() - s.pending();
+    push(device, stream, std::move(check));
+  }
+}
+
+void block_freed(char* p, HistoryContext context) {
+  std::lock_guard<std::mutex> lock(table_mu);
+  auto it = live.find(reinterpret_cast<uintptr_t>(p));
+  if (it == live.end()) return;
+  Live& b = it->second;
+  freed[it->first] = Freed{b.device, b.stream, b.size, b.requested, rt::now_ns(), std::move(b.recorded),
+                           std::move(b.alloc), std::move(context)};
+  live.erase(it);
+}
+
+void block_released(int device, int stream, char* p, size_t size) {
+  push(device, stream, {Request::Poison, rt::device(device).stream(stream).last_enqueued(), p, size});
+}
+
+void block_recorded(char* p, int stream) {
+  std::lock_guard<std::mutex> lock(table_mu);
+  if (auto it = live.find(reinterpret_cast<uintptr_t>(p)); it != live.end() && !recorded_on(it->second.recorded, stream))
+    it->second.recorded.push_back(stream);
+}
+
+void viewed(const void* data) {
+  if (t_current.task && data) t_current.views.push_back(reinterpret_cast<uintptr_t>(data));
+}
+
+void set_gather(GatherContextFn g) { gather_fn.store(g); }
+
+void grant_parallel_workers() {
+#pragma omp parallel
+  if (omp_get_thread_num() > 0) runtime::memcheck::grant_thread();
+}
+HistoryContext gather_stack() { return gather(); }
+
+std::vector<Report> take_reports() {
+  std::lock_guard<std::mutex> lock(reports_mu);
+  return std::exchange(reports, {});
+}
+
+void set_report_notifier(void (*notify)()) { notifier.store(notify); }
+
+Stats stats() { return {n_poisoned.load(), n_checked.load(), n_unchecked.load(), n_canary.load(), n_reports.load()}; }
+
+namespace {
+struct Install {
+  Install() {
+    if (!runtime::memcheck::enabled_at_load()) return;
+    runtime::memcheck::set_task_hook(task_hook);
+    runtime::memcheck::set_fault_reporter(on_fault);
+  }
+} install;
+} // namespace
+
+} // namespace torchneuron::memcheck

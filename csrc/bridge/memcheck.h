@@ -1,0 +1,80 @@
+// The device memory checker's bridge half (TORCHNEURON_MEMCHECK=1; the
+// runtime half, host access protection, is runtime/memcheck.h). The
+// allocator tells it about every segment and block; it
+//   * poisons freed blocks and checks them when they are handed out again
+//     (a write after free), in stream order: the fill and the check run on
+//     the block's stream between tasks, never under a task that may still
+//     use the memory;
+//   * keeps a canary redzone after each block's requested bytes and checks
+//     it after every task that viewed the block (an out-of-bounds write by a
+//     kernel, named by the task);
+//   * sees which tasks of other streams use a block, and reports one that
+//     runs after the block was freed or handed out again (a missing
+//     record_stream);
+//   * describes host faults (runtime/memcheck.h) by the block they hit.
+// Reports are queued for Python (torchneuron/memcheck.py), which raises them.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "../runtime/memcheck.h"
+#include "allocator.h"
+
+namespace torchneuron::memcheck {
+
+using runtime::memcheck::on;
+
+// The canary redzone every block keeps after its requested bytes.
+constexpr size_t kRedzone = 256;
+inline size_t padded(size_t requested) { return on() ? requested + kRedzone : requested; }
+
+// A host thread's scope of legitimate device access (runtime DeviceAccess),
+// which also runs the poison fills and checks its device's idle streams owe.
+class HostAccess {
+ public:
+  HostAccess() {
+    if (on()) settle();
+  }
+
+ private:
+  static void settle();
+  runtime::memcheck::DeviceAccess access_;
+};
+
+// Allocator events (call without the allocator's lock where it says so).
+void segment_mapped(int device, char* p, size_t bytes);  // fresh: poisoned now
+void segment_unmapped(int device, char* p, size_t bytes);
+void block_allocated(int device, int stream, char* p, size_t size, size_t requested, HistoryContext context);
+void block_freed(char* p, HistoryContext context);
+void block_released(int device, int stream, char* p, size_t size);  // back in its pool, reusable
+void block_recorded(char* p, int stream);                           // record_stream
+
+// Executor: a task views device memory starting at `data`.
+void viewed(const void* data);
+
+// The calling thread's OpenMP workers get access for their life: they run
+// the parallel regions of the kernels its DeviceAccess scopes run.
+void grant_parallel_workers();
+
+// Stacks for reports: the allocator history's gathering function.
+void set_gather(GatherContextFn gather);
+HistoryContext gather_stack();  // null until set
+
+struct Report {
+  std::string kind;     // "host access", "write after free", "out of bounds", "missing record_stream"
+  std::string message;
+  std::vector<std::pair<std::string, HistoryContext>> stacks;  // titled
+  bool python_stack = false;  // the place it happened is the current Python stack
+};
+std::vector<Report> take_reports();
+// Called (from any thread, also a signal handler) when reports are waiting.
+void set_report_notifier(void (*notify)());
+
+struct Stats {
+  size_t poisoned = 0, checked = 0, unchecked = 0, canary_checks = 0, reports = 0;
+};
+Stats stats();
+
+} // namespace torchneuron::memcheck

@@ -1,0 +1,233 @@
+"""The device memory checker (TORCHNEURON_MEMCHECK, docs/sanitizers.md): seeded
+bugs each caught with the right report, correct programs with none. The
+checker is switched on when the library loads and a host access faults, so
+the cases run in child processes: the seeded bugs one after another in one
+child (warn mode), the raised exception and the correct program in their own."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+PRELUDE = """
+import ctypes, json, sys
+import numpy as np
+import torch, torchneuron
+import torchneuron.memcheck as mc
+def done(**extra):
+    torch.neuron.synchronize()
+    sum(range(10))  # a few bytecodes: a pending report is delivered between them
+    print(json.dumps({"reports": [[r.kind, str(r)] for r in mc.reports()], "stats": mc.stats(),
+                      "protecting": mc.protecting(), **extra}))
+"""
+
+
+def run_child(body: str, mode: str = "warn") -> dict:
+    with tempfile.NamedTemporaryFile("w", suffix="_memcheck_case.py", delete=False) as f:
+        f.write(PRELUDE + textwrap.dedent(body))  # a file, so that reports show source lines
+    env = dict(os.environ, TORCHNEURON_MEMCHECK=mode, PYTHONWARNINGS="ignore",
+               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    try:
+        p = subprocess.run([sys.executable, f.name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        os.unlink(f.name)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def needs_protection(out: dict) -> None:
+    if not out["protecting"]:
+        pytest.skip("host access protection is off: no memory protection keys (see the child's warning)")
+
+
+def test_host_read_through_raw_pointer_raises_naming_the_block_and_the_line():
+    out = run_child("""
+        caught = []
+        x = torch.arange(1000., device="neuron")
+        torch.neuron.synchronize()
+        try:
+            value = ctypes.c_float.from_address(x.data_ptr() + 8).value
+            sum(range(10))
+        except mc.MemcheckError as e:
+            caught.append(str(e))
+        done(caught=caught, value=value)
+    """, mode="1")
+    needs_protection(out)
+    assert len(out["caught"]) == 1, out
+    msg = out["caught"][0]
+    assert "host access: host code read device memory" in msg
+    assert "byte 8 of the block" in msg and "4000 bytes requested" in msg
+    assert "_ctypes" in msg  # the faulting instruction's library
+    # the Python code running when it is delivered: the access's line or the next
+    assert "value = ctypes.c_float.from_address" in msg or "sum(range(10))" in msg, msg
+    assert "The block was allocated at" in msg and 'x = torch.arange(1000., device="neuron")' in msg
+    assert out["value"] == 2.0  # the access completed: no crash
+
+
+MISSING_RECORD_STREAM = """
+    s1 = torch.neuron.Stream()
+    a = torch.randn(768, 768, device="neuron")
+    x = torch.ones(1 << 16, device="neuron")
+    torch.neuron.synchronize()
+    with torch.neuron.stream(s1):
+        for _ in range(6):
+            a = a @ a / 768      # keeps s1 busy
+        y = x.view(256, 256) @ x.view(256, 256)   # queued on s1 behind it
+    RECORD
+    del x                        # freed on the default stream's pool
+    z = torch.full((1 << 16,), 5.0, device="neuron")
+"""
+
+SEEDED = {  # in this order: the write after free needs the fresh allocator's best fit to reuse its block
+    "write_after_free": """
+        x = torch.ones(1024, device="neuron")
+        ptr = x.data_ptr()
+        torch.neuron.synchronize()
+        del x
+        ctypes.c_float.from_address(ptr + 40).value = 7.0   # after the free
+        y = torch.empty(1024, device="neuron")              # the same block again
+        extra["same"] = y.data_ptr() == ptr
+    """,
+    "numpy_alias": """
+        x = torch.ones(4096, device="neuron")
+        torch.neuron.synchronize()
+        alias = torch.from_numpy(np.ctypeslib.as_array(ctypes.cast(x.data_ptr(), ctypes.POINTER(ctypes.c_float)),
+                                                       shape=(4096,)))
+        total = float(alias.numpy().sum())
+        extra["total"] = total
+    """,
+    # The NKI emulator bounds-checks every access a kernel makes
+    # (NKIOutOfBoundsError), so an NKI kernel cannot overrun; this seeds the
+    # overrun in the task machinery NKI kernels run on (torchneuron/_python_tasks.py).
+    "task_overrun": """
+        from torchneuron._python_tasks import launch
+        y = torch.zeros(100, device="neuron")
+        def overrun(hosts):
+            np.ctypeslib.as_array((ctypes.c_float * 104).from_address(hosts[0].data_ptr()))[:] = 1.0
+        launch("nki::overrun", [y], overrun)
+        extra["head"] = y[:100].sum().item()
+    """,
+    # A C++ kernel registered for PrivateUse1 that runs as a device task
+    # (through the launcher compiled kernels use).
+    "extension_overrun": """
+        if LIB:
+            fn = ctypes.cast(ctypes.CDLL(LIB).overrun_fill, ctypes.c_void_p).value
+            lib = torch.library.Library("memcheck_ext", "DEF")
+            lib.define("fill(Tensor(a!) t) -> ()")
+            def fill(t):
+                torchneuron._C._launch_cpp_kernel(fn, "memcheck_ext::fill", t.device.index,
+                                                  [t.data_ptr(), t.numel()], [], [])
+            lib.impl("fill", fill, "PrivateUse1")
+            t = torch.zeros(64, device="neuron")
+            torch.ops.memcheck_ext.fill(t)
+            extra["total"] = t.sum().item()
+    """,
+    "missing_record_stream": MISSING_RECORD_STREAM.replace("RECORD", ""),
+}
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory) -> dict:
+    """Every case of SEEDED, in order, in one child: {case: (reports, extra)}."""
+    lib = ""
+    if cxx := shutil.which("g++") or shutil.which("c++"):
+        d = tmp_path_factory.mktemp("ext")
+        (d / "overrun.cpp").write_text('#include <cstdint>\nextern "C" void overrun_fill(float* p, int64_t n) '
+                                       '{ for (int64_t i = 0; i <= n; ++i) p[i] = 2.0f; }\n')
+        subprocess.run([cxx, "-O1", "-shared", "-fPIC", str(d / "overrun.cpp"), "-o", str(d / "liboverrun.so")],
+                       check=True, timeout=60)
+        lib = str(d / "liboverrun.so")
+    body = [f"LIB = {lib!r}", "cases = {}"]
+    for name, code in SEEDED.items():
+        body += ["extra = {}; before = len(mc.reports())", textwrap.dedent(code),
+                 "torch.neuron.synchronize(); sum(range(10))",
+                 f"cases[{name!r}] = ([[r.kind, str(r)] for r in mc.reports()[before:]], extra)"]
+    body.append("done(cases=cases)")
+    out = run_child("\n".join(body))
+    out["lib"] = lib
+    return out
+
+
+def case(seeded, name):
+    reports, extra = seeded["cases"][name]
+    return [k for k, _ in reports], [m for _, m in reports], extra
+
+
+def test_host_read_through_numpy_of_an_alias_is_reported(seeded):
+    needs_protection(seeded)
+    kinds, msgs, extra = case(seeded, "numpy_alias")
+    assert kinds == ["host access"], msgs
+    assert "16384 bytes requested" in msgs[0] and "total = float(alias.numpy().sum())" in msgs[0]
+    assert extra["total"] == 4096.0
+
+
+def test_write_after_free_is_found_when_the_memory_is_handed_out_again(seeded):
+    kinds, msgs, extra = case(seeded, "write_after_free")
+    assert extra["same"], msgs
+    assert kinds == (["host access"] if seeded["protecting"] else []) + ["write after free"], msgs
+    waf = msgs[-1]
+    assert "holds 0x00 instead of the poison 0xfb" in waf  # 7.0f's low byte
+    assert "That block was allocated at" in waf and "x = torch.ones(1024" in waf
+    assert "and freed at" in waf and "del x" in waf
+
+
+def test_out_of_bounds_write_by_a_device_task_names_the_kernel(seeded):
+    kinds, msgs, extra = case(seeded, "task_overrun")
+    assert kinds == ["out of bounds"], msgs
+    assert "task nki::overrun on neuron:0 stream 0 wrote past the end" in msgs[0] and "400 bytes requested" in msgs[0]
+    assert "byte 400 of the block (0 past the requested bytes)" in msgs[0]
+    assert extra["head"] == 100.0
+
+
+def test_out_of_bounds_write_by_an_extension_kernel_names_it(seeded):
+    if not seeded["lib"]:
+        pytest.skip("no C++ compiler")
+    kinds, msgs, extra = case(seeded, "extension_overrun")
+    assert kinds == ["out of bounds"], msgs
+    assert "task memcheck_ext::fill" in msgs[0] and "256 bytes requested" in msgs[0]
+    assert extra["total"] == 128.0
+
+
+def test_missing_record_stream_names_the_task_and_the_free(seeded):
+    kinds, msgs, _ = case(seeded, "missing_record_stream")
+    assert kinds == ["missing record_stream"], msgs
+    msg = msgs[0]
+    assert "task aten::mm on neuron:0 stream 1" in msg and "record_stream" in msg, msg
+    assert "del x" in msg, msg  # the free
+    if "handed out again" in msg:  # reused before the task ran: the new owner too
+        assert "z = torch.full" in msg, msg
+
+
+def test_correct_programs_report_nothing():
+    out = run_child(MISSING_RECORD_STREAM.replace("RECORD", "x.record_stream(s1)") + """
+    # a small training loop (fused, lean path, optimizer), host reads of results, an event between streams
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 8)).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(5):
+        xb = torch.randn(16, 32, device="neuron")
+        loss = model(xb).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+    host = model[0].weight.detach().cpu().numpy()
+    ev = torch.neuron.Event()
+    with torch.neuron.stream(s1):
+        w = model[0].weight.detach() * 3
+        ev.record()
+    torch.neuron.current_stream().wait_event(ev)
+    w.add_(1)
+    done(finite=bool(np.isfinite(host).all()))
+    """, mode="1")
+    assert out["reports"] == [], out
+    assert out["finite"]
+    assert out["stats"]["checked"] > 0 and out["stats"]["poisoned"] > 0 and out["stats"]["canary_checks"] > 0
