@@ -120,6 +120,7 @@ def markdown(res: dict) -> str:
             s.append(f"| {name} | {r['plain_s'] * 1e3:.1f} ms | {r[key] * 1e3:.1f} ms | {r['slowdown']:.2f}x |")
     return "\n".join(s) + "\n"
 
+
 if __name__ == "__main__":
     from benchmarks.common import run_alone
 

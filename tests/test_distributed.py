@@ -332,3 +332,35 @@ def test_ddp_on_four_ranks_trains_as_one_process_on_the_global_batch(results):
         assert got_losses == pytest.approx(losses, rel=1e-6)
         for a, b in zip(got_params, model.parameters()):
             torch.testing.assert_close(a, b.detach().cpu(), rtol=1e-6, atol=1e-7)
+
+
+def _under_memcheck(rank, world, port):
+    import torchneuron.memcheck as mc
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.neuron.set_device(rank)
+    dist.init_process_group("neuron", rank=rank, world_size=world)
+    try:
+        t = torch.full((1 << 16,), float(rank + 1), device="neuron")
+        dist.all_reduce(t)
+        outs = [torch.empty(4, device="neuron") for _ in range(world)]
+        dist.all_gather(outs, torch.full((4,), float(rank), device="neuron"))
+        sub = dist.new_group([0, 1])
+        dist.all_reduce(t, group=sub)
+        torch.neuron.synchronize()
+        return {"protecting": mc.protecting(), "reports": [str(r) for r in mc.reports()],
+                "sum": t[0].item(), "gathered": [o[0].item() for o in outs]}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_collectives_are_clean_under_the_memory_checker(monkeypatch):
+    # gloo's threads run collectives on device memory: they must start with device access
+    from distributed_testing import spawn_ranks
+
+    monkeypatch.setenv("TORCHNEURON_MEMCHECK", "1")  # read by each rank's torchneuron at load
+    ranks = spawn_ranks(_under_memcheck, 2)
+    if not ranks[0]["protecting"]:
+        pytest.skip("no memory protection keys on this host: host access protection is off")
+    for r in ranks.values():
+        assert r["reports"] == [] and r["sum"] == 6.0 and r["gathered"] == [0.0, 1.0]

@@ -21,7 +21,9 @@ def _create_backend(options, _backend_options=None):
     # attempt in the prefix, gloo would connect to the dead workers' addresses
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     store = dist.PrefixStore(f"neuron/attempt{attempt}/", options.store)
-    gloo = dist.ProcessGroupGloo(store, options.group_rank, options.group_size, options.timeout)
+    # gloo's threads run the collectives on device memory: they start with device access
+    gloo = _C._with_device_access(
+        lambda: dist.ProcessGroupGloo(store, options.group_rank, options.group_size, options.timeout))
     return _C._NeuronBackend(gloo, options.group_rank, options.group_size, options.timeout)
 
 

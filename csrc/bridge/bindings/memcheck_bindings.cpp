@@ -50,6 +50,13 @@ void bind_memcheck(py::module_& m) {
   m.def("_memcheck_enabled", &runtime::memcheck::on);
   m.def("_memcheck_protecting", &runtime::memcheck::protecting);
   m.def("_memcheck_protection_off_reason", [] { return runtime::memcheck::protection_off_reason(); });
+  // fn() with device access: the threads it starts inherit it (a thread's
+  // protection key rights are its creator's), as gloo's, which run
+  // collectives on host views of device memory, must
+  m.def("_with_device_access", [](py::object fn) {
+    runtime::memcheck::DeviceAccess access;
+    return fn();
+  });
   m.def("_memcheck_start", [](py::object on_reports) {
     g_on_reports = on_reports.release().ptr();
     torch::installCapturedTracebackPython();

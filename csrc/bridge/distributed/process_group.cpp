@@ -10,6 +10,7 @@
 #include "../allocator.h"
 #include "../device_state.h"
 #include "../exec/host_views.h"
+#include "../memcheck.h"
 
 namespace torchneuron {
 
@@ -373,7 +374,10 @@ void NeuronBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait
 c10::intrusive_ptr<c10d::Backend> NeuronBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
                                                        const std::vector<int>& ranks,
                                                        const c10::intrusive_ptr<Options>& opts) {
-  auto gloo = gloo_->split(store, ranks, opts);
+  auto gloo = [&] {
+    runtime::memcheck::DeviceAccess access;  // the split's gloo threads inherit it
+    return gloo_->split(store, ranks, opts);
+  }();
   if (!gloo) return nullptr;  // this rank is not in `ranks`
   return c10::make_intrusive<NeuronBackend>(gloo, gloo->getRank(), gloo->getSize(), opts ? opts->timeout : timeout_);
 }
@@ -434,6 +438,7 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
     // it on its own threads, and the task only waits for its end.
     const bool issue_now = !state->p2p && caller.query() && unissued_->load(std::memory_order_acquire) == 0;
     if (issue_now) {
+      runtime::memcheck::DeviceAccess access;
       issue(*state, *gloo_, launch);
     } else {
       unissued_->fetch_add(1, std::memory_order_acq_rel);
