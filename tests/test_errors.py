@@ -91,6 +91,7 @@ def _queue_failure(stream=None, index=9):
     torch.index_select(x, 0, torch.tensor([1], device="neuron"))  # accepted: later calls queue
     stream = stream if stream is not None else torch.neuron.current_stream()
     stream.wait_stream(torch.neuron.current_stream())  # x is written on the current stream
+    x.record_stream(stream)  # freed at the return, while `stream` may still read it
     with torch.neuron.stream(stream):
         return torch.index_select(x, 0, torch.tensor([index], device="neuron"))
 
