@@ -27,8 +27,8 @@
 
 #include <atomic>
 #include <chrono>
-#include <memory>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -40,7 +40,7 @@ struct CallState;  // what a collective's task and its Work share
 class NeuronBackend final : public c10d::Backend {
  public:
   NeuronBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size, std::chrono::milliseconds timeout);
-  // A gloo call on host views, made on the communication stream.
+  // A gloo call on host views, made on the communication stream or by the host (see above).
   using Launch = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend& gloo)>;
 
   const std::string getBackendName() const override { return "neuron"; }
