@@ -49,7 +49,7 @@ def repeats_for(nbytes: int, smoke: bool) -> int:
     return 21 if nbytes <= 1 * MiB else 9 if nbytes <= 16 * MiB else 5
 
 
-def _rank(rank, world, port, plan, queue):
+def _rank(rank, world, port, plan):
     import statistics
 
     import torch
@@ -94,36 +94,17 @@ def _rank(rank, world, port, plan, queue):
             r["equal_results"] = bool(torch.equal(tensors["neuron"].cpu(), tensors["gloo"]))
             out[nbytes] = r
             del tensors
-        if rank == 0:
-            queue.put(out)
+        return out
     finally:
         dist.destroy_process_group()
 
 
 def _run_ranks(target, world: int, args: tuple, timeout: float):
-    """Runs `target(rank, world, port, *args, queue)` in `world` spawned processes on a free loopback port and
-    returns what rank 0 puts on the queue."""
-    import socket
+    """Runs `target(rank, world, port, *args)` in `world` spawned processes and returns rank 0's value; a rank
+    that dies or raises fails the run at once (tests/distributed_testing.py)."""
+    from tests.distributed_testing import spawn_ranks
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, world, port, *args, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        result = queue.get(timeout=timeout)
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    return result
+    return spawn_ranks(target, world, *args, timeout=timeout)[0]
 
 
 def measure(smoke: bool) -> dict:
@@ -132,52 +113,60 @@ def measure(smoke: bool) -> dict:
     return {"world_size": WORLD, "dtype": "float32", "sizes": {_label(n): r for n, r in result.items()}}
 
 
-def _ddp_rank(rank, world, port, steps, queue):
-    import statistics
-
+def _ddp_rank(rank, world, port, steps):
     import torch
     import torch.distributed as dist
-
-    import torchneuron  # noqa: F401
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.neuron.set_device(rank)
     dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=world)
     try:
-        runs = {}
-        for name, dev in (("cpu", torch.device("cpu")), ("neuron", torch.device("neuron", rank))):
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
-            ddp = torch.nn.parallel.DistributedDataParallel(model.to(dev))
-            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-            x, y = torch.randn(64, 256, device=dev), torch.randn(64, 256, device=dev)
-            runs[name] = (ddp, opt, x, y)
-
-        def step(name):
-            ddp, opt, x, y = runs[name]
-            dist.barrier()
-            t0 = time.perf_counter()
-            loss = torch.nn.functional.mse_loss(ddp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss.item()  # the step is done: its loss is on the host
-            return time.perf_counter() - t0
-
-        for name in runs:  # warm-up: DDP's buckets, gloo's pairs, the allocator
-            step(name)
-        samples = {name: [] for name in runs}
-        for _ in range(steps):
-            for name in runs:
-                samples[name].append(step(name))
-        gathered = [None] * world
-        dist.all_gather_object(gathered, samples)
-        if rank == 0:
-            med = {k: statistics.median(max(g[k][i] for g in gathered) for i in range(steps)) for k in samples}
-            queue.put({"ranks": world, "steps": steps, "cpu_step_s": med["cpu"], "neuron_step_s": med["neuron"],
-                       "ratio_cpu_over_neuron": med["cpu"] / med["neuron"]})
+        # The models die (at _ddp_steps' return) before their group: a DDP model that outlives
+        # destroy_process_group holds the group's last reference, and the group is then destroyed in the model's
+        # destructor with the GIL held, while gloo's worker thread may need the GIL to drop a finished
+        # collective's Python tensors. A deadlock of PyTorch's own, on CPU tensors as well.
+        return _ddp_steps(rank, world, steps)
     finally:
         dist.destroy_process_group()
+
+
+def _ddp_steps(rank, world, steps) -> dict:
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    runs = {}
+    for name, dev in (("cpu", torch.device("cpu")), ("neuron", torch.device("neuron", rank))):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+        ddp = torch.nn.parallel.DistributedDataParallel(model.to(dev))
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        x, y = torch.randn(64, 256, device=dev), torch.randn(64, 256, device=dev)
+        runs[name] = (ddp, opt, x, y)
+
+    def step(name):
+        ddp, opt, x, y = runs[name]
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()  # the step is done: its loss is on the host
+        return time.perf_counter() - t0
+
+    for name in runs:  # warm-up: DDP's buckets, gloo's pairs, the allocator
+        step(name)
+    samples = {name: [] for name in runs}
+    for _ in range(steps):
+        for name in runs:
+            samples[name].append(step(name))
+    gathered = [None] * world
+    dist.all_gather_object(gathered, samples)
+    med = {k: statistics.median(max(g[k][i] for g in gathered) for i in range(steps)) for k in samples}
+    return {"ranks": world, "steps": steps, "cpu_step_s": med["cpu"], "neuron_step_s": med["neuron"],
+            "ratio_cpu_over_neuron": med["cpu"] / med["neuron"]}
 
 
 def measure_ddp(smoke: bool) -> dict:

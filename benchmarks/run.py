@@ -54,10 +54,13 @@ def main(argv=None) -> dict:
     with tqdm(total=total, unit="bench", dynamic_ncols=True) as bar:
         bar.set_description("limits")
         results["limits"] = limits.run(cfg, bar)
+        results["group_elapsed_s"] = {"limits": time.perf_counter() - t0}
         for name in selected:
             bar.set_description(name)
             mod = GROUPS[name]
+            t = time.perf_counter()
             results[name] = mod.run(cfg, bar, results["limits"]) if mod is large_ops else mod.run(cfg, bar)
+            results["group_elapsed_s"][name] = time.perf_counter() - t
     results["elapsed_s"] = time.perf_counter() - t0
     results["loadavg_end"] = list(os.getloadavg())
     results["targets"] = report.targets(results)

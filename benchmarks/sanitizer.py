@@ -83,7 +83,10 @@ def memcheck_cost(cfg: Config) -> dict:
             env["TORCHNEURON_MEMCHECK"] = "1"
         code = f"from benchmarks.sanitizer import _child_step_times; _child_step_times({cfg.smoke}, {samples})"
         p = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
-                           check=True)
+                           timeout=cfg.pick(900, 300))
+        if p.returncode != 0:
+            raise RuntimeError(f"the step's child process (memory checker {'on' if memcheck else 'off'}) failed: "
+                               f"{p.stderr[-2000:]}")
         return json.loads(p.stdout.strip().splitlines()[-1])
 
     plain, checked, last = [], [], {}

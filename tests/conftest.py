@@ -2,6 +2,8 @@ import pytest
 import torch
 
 import torchneuron  # noqa: F401  (explicit, so tests also run with autoload off)
+import torchneuron.memcheck
+import torchneuron.sanitizer
 
 
 @pytest.fixture(autouse=True)
@@ -17,3 +19,25 @@ def _device_is_quiet():
         unreported += torch.neuron.device_errors(i)["unreported_errors"]
         torch.neuron.reset_errors(i)
     assert not unreported, f"the test left device errors no synchronising call raised: {unreported}"
+
+
+# Under a whole-program checker (TORCHNEURON_MEMCHECK, TORCHNEURON_STREAM_SANITIZER: docs/sanitizers.md) the
+# suite runs as it is; a test whose subject the checker changes says so, and is skipped there with its reason:
+#     @pytest.mark.differs_under("memcheck", "blocks are padded, so byte counts differ")
+CHECKERS = {"memcheck": lambda: torchneuron.memcheck.enabled(),
+            "stream_sanitizer": lambda: torchneuron.sanitizer.active() is not None}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "differs_under(checker, reason): what the test checks changes under that "
+                                       f"whole-program checker ({', '.join(CHECKERS)}); skipped there")
+
+
+def pytest_collection_modifyitems(config, items):
+    on = {name for name, active in CHECKERS.items() if active()}
+    for item in items:
+        for mark in item.iter_markers("differs_under"):
+            checker, reason = mark.args
+            assert checker in CHECKERS, f"{item.nodeid}: unknown checker {checker!r}"
+            if checker in on:
+                item.add_marker(pytest.mark.skip(reason=f"under the {checker.replace('_', ' ')}: {reason}"))

@@ -3,17 +3,27 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 600   # a few times the run's length on an idle 2-core host
 
 
 def test_benchmark_smoke_run(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--smoke",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": ROOT})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--smoke",
+                             "--out", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": ROOT}, start_new_session=True)
+    try:
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)   # with the ranks and children it spawned
+        _, err = proc.communicate()
+        pytest.fail(f"the smoke run took over {TIMEOUT_S} s; its last output:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
 
     assert {"machine", "config", "limits", "tiny_ops", "large_ops", "end_to_end", "memory", "profile",

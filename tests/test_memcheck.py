@@ -64,7 +64,7 @@ def test_host_read_through_raw_pointer_raises_naming_the_block_and_the_line():
     assert len(out["caught"]) == 1, out
     msg = out["caught"][0]
     assert "host access: host code read device memory" in msg
-    assert "byte 8 of the block" in msg and "4000 bytes requested" in msg
+    assert "byte 8 of the block" in msg and "(a (1000,) float32 tensor, 4000 bytes requested" in msg
     assert "_ctypes" in msg  # the faulting instruction's library
     # the Python code running when it is delivered: the access's line or the next
     assert "value = ctypes.c_float.from_address" in msg or "sum(range(10))" in msg, msg
@@ -165,7 +165,7 @@ def test_host_read_through_numpy_of_an_alias_is_reported(seeded):
     needs_protection(seeded)
     kinds, msgs, extra = case(seeded, "numpy_alias")
     assert kinds == ["host access"], msgs
-    assert "16384 bytes requested" in msgs[0] and "total = float(alias.numpy().sum())" in msgs[0]
+    assert "(a (4096,) float32 tensor, 16384 bytes requested" in msgs[0] and "total = float(alias.numpy().sum())" in msgs[0]
     assert extra["total"] == 4096.0
 
 
@@ -175,6 +175,7 @@ def test_write_after_free_is_found_when_the_memory_is_handed_out_again(seeded):
     assert kinds == (["host access"] if seeded["protecting"] else []) + ["write after free"], msgs
     waf = msgs[-1]
     assert "holds 0x00 instead of the poison 0xfb" in waf  # 7.0f's low byte
+    assert "it belonged to a block of 4096 bytes" in waf and "(a (1024,) float32 tensor" in waf
     assert "That block was allocated at" in waf and "x = torch.ones(1024" in waf
     assert "and freed at" in waf and "del x" in waf
 
@@ -182,7 +183,7 @@ def test_write_after_free_is_found_when_the_memory_is_handed_out_again(seeded):
 def test_out_of_bounds_write_by_a_device_task_names_the_kernel(seeded):
     kinds, msgs, extra = case(seeded, "task_overrun")
     assert kinds == ["out of bounds"], msgs
-    assert "task nki::overrun on neuron:0 stream 0 wrote past the end" in msgs[0] and "400 bytes requested" in msgs[0]
+    assert "task nki::overrun on neuron:0 stream 0 wrote past the end" in msgs[0] and "(a (100,) float32 tensor, 400 bytes requested" in msgs[0]
     assert "byte 400 of the block (0 past the requested bytes)" in msgs[0]
     assert extra["head"] == 100.0
 
@@ -192,7 +193,7 @@ def test_out_of_bounds_write_by_an_extension_kernel_names_it(seeded):
         pytest.skip("no C++ compiler")
     kinds, msgs, extra = case(seeded, "extension_overrun")
     assert kinds == ["out of bounds"], msgs
-    assert "task memcheck_ext::fill" in msgs[0] and "256 bytes requested" in msgs[0]
+    assert "task memcheck_ext::fill" in msgs[0] and "(a (64,) float32 tensor, 256 bytes requested" in msgs[0]
     assert extra["total"] == 128.0
 
 
@@ -202,6 +203,7 @@ def test_missing_record_stream_names_the_task_and_the_free(seeded):
     msg = msgs[0]
     assert "task aten::mm on neuron:0 stream 1" in msg and "record_stream" in msg, msg
     assert "del x" in msg, msg  # the free
+    assert "a (65536,) float32 tensor" in msg, msg  # x, the freed block
     if "handed out again" in msg:  # reused before the task ran: the new owner too
         assert "z = torch.full" in msg, msg
 

@@ -31,6 +31,7 @@ struct Live {
   int64_t alloc_ns = 0;
   bool armed = false;  // its redzone holds the canary
   std::vector<int> recorded;
+  std::string tensor;  // what it was allocated for, when a tensor factory said
   HistoryContext alloc;
   // The freed blocks this one's memory came from: (address, size, free stack).
   std::vector<std::tuple<uintptr_t, size_t, HistoryContext>> previous;
@@ -40,6 +41,7 @@ struct Freed {
   size_t size = 0, requested = 0;
   int64_t free_ns = 0;
   std::vector<int> recorded;
+  std::string tensor;
   HistoryContext alloc, free;
 };
 
@@ -97,8 +99,14 @@ std::string where(int device, int stream) {
 }
 
 std::string describe(uintptr_t p, const Live& b) {
-  return "the block at " + hex(p) + " (" + std::to_string(b.requested) + " bytes requested, " +
+  return "the block at " + hex(p) + " (" + (b.tensor.empty() ? "" : b.tensor + ", ") +
+         std::to_string(b.requested) + " bytes requested, " +
          std::to_string(b.size) + " reserved, allocated on " + where(b.device, b.stream) + ")";
+}
+
+std::string describe(uintptr_t p, const Freed& b) {
+  return "a block of " + std::to_string(b.requested) + " bytes at " + hex(p) + " (" +
+         (b.tensor.empty() ? "" : b.tensor + ", ") + "allocated on " + where(b.device, b.stream) + ")";
 }
 
 template <class Map>
@@ -140,8 +148,7 @@ void run_check(const Request& r) {
                 " bytes at " + hex(reinterpret_cast<uintptr_t>(r.p)) + ")";
   for (const auto& [p, f] : r.previous)
     if (addr >= p && addr < p + f.size) {
-      rep.message += "; it belonged to a block of " + std::to_string(f.requested) + " bytes at " + hex(p) +
-                     " on " + where(f.device, f.stream);
+      rep.message += "; it belonged to " + describe(p, f);
       rep.stacks.push_back({"That block was allocated at", f.alloc});
       rep.stacks.push_back({"and freed at", f.free});
     }
@@ -278,10 +285,8 @@ void after_task(const CurrentTask& cur) {
       if (b.stream != cur.stream && !recorded_on(b.recorded, cur.stream) && b.free_ns > cur.task->enqueued_ns &&
           reported_cross.insert({f->first, cur.stream}).second) {
         Report rep{"missing record_stream", "", {}, false};
-        rep.message = "task " + op + " on " + where(cur.device, cur.stream) + " used a block of " +
-                      std::to_string(b.requested) + " bytes at " + hex(f->first) + " (allocated on " +
-                      where(b.device, b.stream) + ") that was freed after the task was queued, without "
-                      "record_stream: its stream may hand the memory out again while this task runs";
+        rep.message = "task " + op + " on " + where(cur.device, cur.stream) + " used " + describe(f->first, b) +
+                      " that was freed after the task was queued, without record_stream: its stream may hand the memory out again while this task runs";
         rep.stacks = {{"The block was allocated at", b.alloc}, {"and freed at", b.free}};
         report(std::move(rep));
       }
@@ -324,9 +329,7 @@ void on_fault(const runtime::memcheck::Fault& f) {
       what += ", byte " + std::to_string(addr - it->first) + " of " + describe(it->first, it->second);
       rep.stacks.push_back({"The block was allocated at", it->second.alloc});
     } else if (auto fr = containing(freed, addr); fr != freed.end()) {
-      what += ", byte " + std::to_string(addr - fr->first) + " of a freed block of " +
-              std::to_string(fr->second.requested) + " bytes (allocated on " +
-              where(fr->second.device, fr->second.stream) + ")";
+      what += ", byte " + std::to_string(addr - fr->first) + " of a freed block: " + describe(fr->first, fr->second);
       rep.stacks.push_back({"The block was allocated at", fr->second.alloc});
       rep.stacks.push_back({"and freed at", fr->second.free});
     } else {
@@ -425,8 +428,9 @@ void block_freed(char* p, HistoryContext context) {
   auto it = live.find(reinterpret_cast<uintptr_t>(p));
   if (it == live.end()) return;
   Live& b = it->second;
-  freed[it->first] = Freed{b.device, b.stream, b.size, b.requested, rt::now_ns(), std::move(b.recorded),
-                           std::move(b.alloc), std::move(context)};
+  freed[it->first] = Freed{b.device,           b.stream,      b.size, b.requested,
+                           rt::now_ns(), std::move(b.recorded), std::move(b.tensor), std::move(b.alloc),
+                           std::move(context)};
   live.erase(it);
 }
 
@@ -438,6 +442,17 @@ void block_recorded(char* p, int stream) {
   std::lock_guard<std::mutex> lock(table_mu);
   if (auto it = live.find(reinterpret_cast<uintptr_t>(p)); it != live.end() && !recorded_on(it->second.recorded, stream))
     it->second.recorded.push_back(stream);
+}
+
+void name_block(const at::Tensor& fresh) {
+  const void* p = fresh.storage().data();
+  if (!p) return;
+  std::string shape;
+  for (int64_t n : fresh.sizes()) shape += (shape.empty() ? "" : ", ") + std::to_string(n);
+  if (fresh.dim() == 1) shape += ",";  // Python's spelling of a 1-tuple
+  std::string name = "a (" + shape + ") " + std::string(c10::getDtypeNames(fresh.scalar_type()).first) + " tensor";
+  std::lock_guard<std::mutex> lock(table_mu);
+  if (auto it = live.find(reinterpret_cast<uintptr_t>(p)); it != live.end()) it->second.tensor = std::move(name);
 }
 
 void viewed(const void* data) {

@@ -15,6 +15,8 @@
 // Reports are queued for Python (torchneuron/memcheck.py), which raises them.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstddef>
 #include <string>
 #include <vector>
@@ -50,6 +52,15 @@ void block_allocated(int device, int stream, char* p, size_t size, size_t reques
 void block_freed(char* p, HistoryContext context);
 void block_released(int device, int stream, char* p, size_t size);  // back in its pool, reusable
 void block_recorded(char* p, int stream);                           // record_stream
+// Names a fresh tensor's block by the tensor ("a (4, 3) float32 tensor"):
+// the allocator sees bytes, reports name what the program made. Every
+// factory of device tensors returns through it, and every resize that
+// allocates anew.
+void name_block(const at::Tensor& fresh);
+inline const at::Tensor& named(const at::Tensor& fresh) {
+  if (on()) name_block(fresh);
+  return fresh;
+}
 
 // Executor: a task views device memory starting at `data`.
 void viewed(const void* data);

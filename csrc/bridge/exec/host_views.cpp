@@ -109,7 +109,8 @@ at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device) {
   auto* allocator = c10::GetAllocator(kNeuron);
   const c10::DispatchKeySet keys(c10::DispatchKey::PrivateUse1);
   if (like.storage_offset() == 0 && !like.is_conj() && !like.is_neg())
-    return at::detail::empty_strided_generic(like.sizes(), like.strides(), allocator, keys, like.scalar_type());
+    return memcheck::named(
+        at::detail::empty_strided_generic(like.sizes(), like.strides(), allocator, keys, like.scalar_type()));
   // Rare: a result offset into its storage, or with a conj/neg bit. Keep it all.
   size_t nbytes = like.storage().nbytes();
   c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, allocator->allocate(nbytes), allocator, true);
@@ -117,7 +118,7 @@ at::Tensor empty_like_on(const at::Tensor& like, c10::DeviceIndex device) {
   out.unsafeGetTensorImpl()->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
   out.unsafeGetTensorImpl()->_set_conj(like.is_conj());
   out.unsafeGetTensorImpl()->_set_neg(like.is_neg());
-  return out;
+  return memcheck::named(out);
 }
 
 c10::IValue map_tensors_in_list(const c10::IValue& v, const std::function<at::Tensor(const at::Tensor&)>& fn) {

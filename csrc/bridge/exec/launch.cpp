@@ -421,6 +421,7 @@ void adopt_metadata(const at::Tensor& d, const at::Tensor& m) {
   size_t needed = at::detail::computeStorageNbytes(m.sizes(), m.strides(), d.itemsize(), m.storage_offset());
   if (needed > d.storage().nbytes()) resize_storage_bytes(d.storage(), needed);
   d.unsafeGetTensorImpl()->set_sizes_and_strides(m.sizes(), m.strides(), m.storage_offset());
+  memcheck::named(d);
 }
 
 void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) { call_kernel(op, op_policy(op), stack); }

@@ -133,8 +133,8 @@ struct Op {
 };
 
 at::Tensor empty_contiguous(c10::IntArrayRef sizes, c10::ScalarType dtype) {
-  return at::detail::empty_generic(sizes, &device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   dtype, c10::MemoryFormat::Contiguous);
+  return memcheck::named(at::detail::empty_generic(
+      sizes, &device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtype, c10::MemoryFormat::Contiguous));
 }
 
 // `a` (and `b`) passed lean_operands. The result has a's shape, or none if

@@ -12,6 +12,7 @@
 #include "../allocator.h"
 #include "../device_state.h"
 #include "../exec/storage_resize.h"
+#include "../memcheck.h"
 #include "kernels.h"
 
 namespace torchneuron {
@@ -63,8 +64,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   check_strided(layout, pin_memory);
   c10::DeviceGuard guard(target_device(device));
-  return at::detail::empty_generic(size, &device_allocator(), kNeuronKeys, c10::dtype_or_default(dtype),
-                                   memory_format);
+  return memcheck::named(at::detail::empty_generic(size, &device_allocator(), kNeuronKeys, c10::dtype_or_default(dtype),
+                                             memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
@@ -72,8 +73,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<bool> pin_memory) {
   check_strided(layout, pin_memory);
   c10::DeviceGuard guard(target_device(device));
-  return at::detail::empty_strided_generic(size, stride, &device_allocator(), kNeuronKeys,
-                                           c10::dtype_or_default(dtype));
+  return memcheck::named(at::detail::empty_strided_generic(size, stride, &device_allocator(), kNeuronKeys,
+                                                     c10::dtype_or_default(dtype)));
 }
 
 at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
@@ -102,7 +103,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef sym_size,
   if (memory_format) impl->empty_tensor_restride(*memory_format);
   size_t needed = at::detail::computeStorageNbytes(size, impl->strides(), self.itemsize(), impl->storage_offset());
   if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
-  return self;
+  return memcheck::named(self);
 }
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t storage_offset, c10::IntArrayRef size,
