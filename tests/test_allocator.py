@@ -18,6 +18,7 @@ def _clean():
     torch.neuron.empty_cache()
 
 
+@pytest.mark.differs_under("memcheck", "blocks carry a redzone, so their byte counts differ")
 def test_allocated_reserved_and_peak():
     _clean()
     base = torch.neuron.memory_allocated()

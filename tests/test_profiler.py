@@ -115,6 +115,7 @@ def test_two_sessions_in_one_process_and_a_cpu_only_session(inputs):
     assert any(e.name == "aten::mm" for e in prof.events())
 
 
+@pytest.mark.differs_under("memcheck", "blocks carry a redzone, so the profiled byte counts differ")
 def test_profile_memory_reports_device_allocations(inputs, tmp_path):
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.NEURON], profile_memory=True) as prof:
         t = torch.empty(1 << 20, device="neuron")

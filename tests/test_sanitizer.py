@@ -36,9 +36,12 @@ def race(fn):
 
 
 def clean(fn):
+    """`fn`'s program reports no race; what it returns lives until its streams finished (a tensor used on
+    another stream and freed before that work ran needs record_stream, which the memory checker reports)."""
     with stream_sanitizer() as san:
-        fn()
+        kept = fn()
     torch.neuron.synchronize()
+    del kept
     assert san.reports == [], "\n".join(str(r) for r in san.reports)
     return san
 
@@ -206,13 +209,14 @@ def test_lean_path_and_fused_chains_are_seen():
         return a, out                           # a lives on while s reads it (no record_stream needed)
 
     with FusableFrom(n):
-        program()  # the first call of each signature runs on its own
+        kept = program()  # the first call of each signature runs on its own
         torch.neuron.synchronize()
         torchneuron.clear_op_tracking()
         with pytest.warns(StreamRaceWarning):
             with stream_sanitizer(on_race="warn") as san:  # the chain goes on after the report
-                program()
+                kept = program()
         torch.neuron.synchronize()
+        del kept
         assert torchneuron._C._fused_groups() >= 1
         (r,) = san.reports
     assert r.current.op == "aten::mul.Tensor" and r.previous.op == "aten::ones"
