@@ -87,6 +87,25 @@ def test_two_streams_ordered_by_an_event():
     torch.testing.assert_close(y.cpu(), (big.cpu() @ big.cpu() + 1) * 2, rtol=0, atol=0)
 
 
+@pytest.mark.skipif(torch.neuron.device_count() < 2, reason="needs two neuron devices")
+def test_a_copy_between_devices_holds_its_source_until_it_ran():
+    """As on CUDA: the copy waits for the source's stream, and the source's stream for the copy, so the
+    source's memory freed and reused on its device right after the call still holds the source for the copy."""
+    busy = torch.randn(768, 768, device="neuron:1")
+    want = torch.randn(1 << 16)
+    for _ in range(3):
+        a = want.to("neuron:0")
+        torch.neuron.synchronize()
+        for _ in range(4):
+            busy = busy @ busy / 768      # the destination's stream is busy: the copy waits behind it
+        b = a.to("neuron:1")
+        ptr = a.data_ptr()
+        del a                             # back in neuron:0's pool at once
+        z = torch.full((1 << 16,), 5.0, device="neuron:0")
+        assert z.data_ptr() == ptr        # the same memory, overwritten on neuron:0's stream
+        torch.testing.assert_close(b.cpu(), want, rtol=0, atol=0)
+
+
 def test_wait_stream_and_stream_switching():
     s = torch.neuron.Stream()
     a = torch.ones(1000, device="neuron")

@@ -70,6 +70,17 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       if (translate_errors([&] { return offer_to_fuser(stream, call); })) return dst;
     }
     enqueue_copy(stream, host_view(dst), host_view(self));
+    if (self.device() != dst.device()) {
+      // As CUDA's copy between devices: the source's stream waits for the
+      // copy too, so memory it frees or reuses after the call (the source's
+      // own block, back in its pool at once) is not read by a copy still
+      // queued on the destination's stream.
+      rt::Event done;
+      translate_errors([&] {
+        done.record(stream);
+        done.block(current_runtime_stream(self.device().index()));
+      });
+    }
   } else if (dst_dev) {
     rt::Stream& stream = current_runtime_stream(dst.device().index());
     if (non_blocking && is_pinned(self.storage().data())) {
