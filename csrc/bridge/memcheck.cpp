@@ -286,7 +286,8 @@ void after_task(const CurrentTask& cur) {
           reported_cross.insert({f->first, cur.stream}).second) {
         Report rep{"missing record_stream", "", {}, false};
         rep.message = "task " + op + " on " + where(cur.device, cur.stream) + " used " + describe(f->first, b) +
-                      " that was freed after the task was queued, without record_stream: its stream may hand the memory out again while this task runs";
+                      " that was freed after the task was queued, without record_stream: its stream may hand the "
+                      "memory out again while this task runs";
         rep.stacks = {{"The block was allocated at", b.alloc}, {"and freed at", b.free}};
         report(std::move(rep));
       }
@@ -428,9 +429,9 @@ void block_freed(char* p, HistoryContext context) {
   auto it = live.find(reinterpret_cast<uintptr_t>(p));
   if (it == live.end()) return;
   Live& b = it->second;
-  freed[it->first] = Freed{b.device,           b.stream,      b.size, b.requested,
-                           rt::now_ns(), std::move(b.recorded), std::move(b.tensor), std::move(b.alloc),
-                           std::move(context)};
+  freed[it->first] = Freed{b.device,           b.stream,           b.size,
+                           b.requested,        rt::now_ns(),       std::move(b.recorded),
+                           std::move(b.tensor), std::move(b.alloc), std::move(context)};
   live.erase(it);
 }
 

@@ -64,8 +64,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   check_strided(layout, pin_memory);
   c10::DeviceGuard guard(target_device(device));
-  return memcheck::named(at::detail::empty_generic(size, &device_allocator(), kNeuronKeys, c10::dtype_or_default(dtype),
-                                             memory_format));
+  return memcheck::named(
+      at::detail::empty_generic(size, &device_allocator(), kNeuronKeys, c10::dtype_or_default(dtype), memory_format));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
@@ -74,7 +74,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   check_strided(layout, pin_memory);
   c10::DeviceGuard guard(target_device(device));
   return memcheck::named(at::detail::empty_strided_generic(size, stride, &device_allocator(), kNeuronKeys,
-                                                     c10::dtype_or_default(dtype)));
+                                                           c10::dtype_or_default(dtype)));
 }
 
 at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
