@@ -233,3 +233,18 @@ def test_correct_programs_report_nothing():
     assert out["reports"] == [], out
     assert out["finite"]
     assert out["stats"]["checked"] > 0 and out["stats"]["poisoned"] > 0 and out["stats"]["canary_checks"] > 0
+
+
+# Test files whose programs run clean under the checker, run again under it
+# here (the whole suite under it is docs/sanitizers.md's command). Their
+# host-side copies into device memory race with the device going idle: the
+# checks owed to the idle stream must run before the host writes.
+CLEAN_FILES = ["tests/test_recurrent.py"]
+
+
+@pytest.mark.parametrize("path", CLEAN_FILES)
+def test_test_files_run_clean_under_the_checker(path):
+    env = dict(os.environ, TORCHNEURON_MEMCHECK="1", PYTHONWARNINGS="ignore")
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]

@@ -438,7 +438,7 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
     // it on its own threads, and the task only waits for its end.
     const bool issue_now = !state->p2p && caller.query() && unissued_->load(std::memory_order_acquire) == 0;
     if (issue_now) {
-      runtime::memcheck::DeviceAccess access;
+      memcheck::HostAccess access;  // and what the memory checker owes the idle stream
       issue(*state, *gloo_, launch);
     } else {
       unissued_->fetch_add(1, std::memory_order_acq_rel);

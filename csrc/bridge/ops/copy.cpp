@@ -17,6 +17,7 @@
 #include "../exec/host_views.h"
 #include "../exec/op_policy.h"
 #include "../host_allocator.h"
+#include "../memcheck.h"
 #include "kernels.h"
 
 namespace torchneuron::ops {
@@ -86,7 +87,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (non_blocking && is_pinned(self.storage().data())) {
       enqueue_copy(stream, host_view(dst), self);
     } else if (stream.query()) {
-      host_view(dst).copy_(self);  // the device is idle: copy now
+      // The device is idle: copy now, after what the memory checker owes the
+      // stream that went idle since this call's own scope began (register.cpp).
+      memcheck::HostAccess access;
+      host_view(dst).copy_(self);
     } else {
       enqueue_copy(stream, host_view(dst), self.clone(at::MemoryFormat::Preserve));
     }
