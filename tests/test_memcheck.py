@@ -235,11 +235,48 @@ def test_correct_programs_report_nothing():
     assert out["stats"]["checked"] > 0 and out["stats"]["poisoned"] > 0 and out["stats"]["canary_checks"] > 0
 
 
+REUSE_ON_THE_SIDE_STREAM = """
+    s1 = torch.neuron.Stream()
+    a = torch.randn(768, 768, device="neuron")
+    with torch.neuron.stream(s1):
+        x = torch.ones(1 << 16, device="neuron")          # s1's block
+    torch.neuron.current_stream().wait_stream(s1)
+    for _ in range(6):
+        a = a @ a / 768                                   # keeps the default stream busy
+    y = x.view(256, 256) @ x.view(256, 256)               # read on the default stream, queued behind it
+    del x                                                 # back in s1's pool while the read waits
+    ORDER
+    with torch.neuron.stream(s1):
+        z = torch.full((1 << 16,), 5.0, device="neuron")  # x's memory again
+    done(y=y.sum().item())
+"""
+ORDERS = {"wait_stream": "s1.wait_stream(torch.neuron.current_stream())",
+          "event": "e = torch.neuron.Event(); e.record(); s1.wait_event(e)",
+          "synchronize": "torch.neuron.synchronize()"}
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_reuse_ordered_after_the_other_streams_use_is_clean(order):
+    """As FSDP2's reduce-scatter buffers: freed without record_stream, their
+    stream waits for the stream that read them before it allocates again."""
+    out = run_child(REUSE_ON_THE_SIDE_STREAM.replace("ORDER", ORDERS[order]))
+    assert out["reports"] == [], out
+    assert out["y"] == 256.0 * (1 << 16)
+
+
+def test_unordered_reuse_is_a_missing_record_stream():
+    out = run_child(REUSE_ON_THE_SIDE_STREAM.replace("ORDER", ""))
+    kinds, msgs = [k for k, _ in out["reports"]], [m for _, m in out["reports"]]
+    assert kinds == ["missing record_stream"], msgs
+    assert "task aten::mm on neuron:0 stream 0" in msgs[0] and "handed out again on neuron:0 stream 1" in msgs[0]
+    assert "del x" in msgs[0] and "z = torch.full" in msgs[0], msgs[0]
+
+
 # Test files whose programs run clean under the checker, run again under it
 # here (the whole suite under it is docs/sanitizers.md's command). Their
 # host-side copies into device memory race with the device going idle: the
 # checks owed to the idle stream must run before the host writes.
-CLEAN_FILES = ["tests/test_recurrent.py"]
+CLEAN_FILES = ["tests/test_recurrent.py", "tests/test_sanitizer.py"]
 
 
 @pytest.mark.parametrize("path", CLEAN_FILES)

@@ -24,6 +24,15 @@ constexpr unsigned char kPoison = 0xFB;
 constexpr size_t kCheckSpan = 32 << 10;
 constexpr size_t kCanaryMax = 4096;  // of the slack after the requested bytes
 
+// A task on another stream than a block's that used the block while it was
+// (or before it was) freed without record_stream for that stream: the
+// memory's next owner on the block's stream must be ordered after it.
+struct OtherUse {
+  int stream;
+  uint64_t seq;
+  std::string op;
+};
+
 struct Live {
   int device = 0, stream = 0;
   size_t size = 0, requested = 0;
@@ -33,6 +42,9 @@ struct Live {
   std::vector<int> recorded;
   std::string tensor;  // what it was allocated for, when a tensor factory said
   HistoryContext alloc;
+  std::vector<OtherUse> other_uses;  // of the memory's previous owners, queued before they were freed
+  uint64_t first_use = 0;            // the first task on its stream that used it (0: none yet)
+  int64_t first_use_enqueued_ns = 0;
   // The freed blocks this one's memory came from: (address, size, free stack).
   std::vector<std::tuple<uintptr_t, size_t, HistoryContext>> previous;
 };
@@ -43,6 +55,7 @@ struct Freed {
   std::vector<int> recorded;
   std::string tensor;
   HistoryContext alloc, free;
+  std::vector<OtherUse> other_uses;
 };
 
 std::mutex table_mu;
@@ -51,6 +64,40 @@ std::map<uintptr_t, Freed> freed;
 uint64_t next_id = 0;
 std::set<std::pair<uintptr_t, int>> reported_cross;  // (block id, stream) already reported
 
+// The orders between streams the checker saw finished waits make
+// (runtime::memcheck::wait_hook), per device, under table_mu. A device wait:
+// tasks of the waiting stream after task `at` follow task `seq` of the
+// producer. A host wait: what the host queues after `at` (now_ns) follows it.
+struct Order {
+  uint64_t at;   // waiter's task (device wait) or host time (host wait), ascending
+  uint64_t seq;  // the producer's task, the most any wait up to `at` reached
+};
+std::map<std::tuple<int, int, int>, std::vector<Order>> device_waits;  // (device, waiter, producer)
+std::map<std::pair<int, int>, std::vector<Order>> host_waits;          // (device, producer)
+
+void add_order(std::vector<Order>& orders, uint64_t at, uint64_t seq) {
+  if (!orders.empty() && orders.back().seq >= seq) return;  // implied by one before
+  orders.push_back({at, seq});
+}
+
+// The producer's task the latest order before `at` reached (0: none).
+uint64_t reached(const std::vector<Order>* orders, uint64_t at) {
+  if (!orders) return 0;
+  auto it = std::lower_bound(orders->begin(), orders->end(), at, [](const Order& o, uint64_t a) { return o.at < a; });
+  return it == orders->begin() ? 0 : std::prev(it)->seq;
+}
+
+// Whether task `use` of stream `waiter` (queued at `use_enqueued_ns`) follows
+// task `seq` of stream `producer`: through a wait of the waiter for the
+// producer, or a host wait for the producer before the task was queued.
+// (Orders through a third stream are not followed.)
+bool follows(int device, int waiter, uint64_t use, int64_t use_enqueued_ns, int producer, uint64_t seq) {
+  auto d = device_waits.find({device, waiter, producer});
+  auto h = host_waits.find({device, producer});
+  return reached(d == device_waits.end() ? nullptr : &d->second, use) >= seq ||
+         reached(h == host_waits.end() ? nullptr : &h->second, static_cast<uint64_t>(use_enqueued_ns)) >= seq;
+}
+
 struct Request {
   enum Kind { Poison, Check, Arm } kind;
   uint64_t after;  // runs once the stream finished this task, before the next one starts
@@ -58,6 +105,11 @@ struct Request {
   size_t n;
   uint64_t id = 0;               // Check, Arm: the block
   std::vector<std::pair<uintptr_t, Freed>> previous;  // Check: the memory's previous owners
+  // Poison: and once these other streams finished these tasks, the ones queued
+  // when the block was freed: any of them may still read it (a block freed
+  // without record_stream for them, its stream waiting for theirs before it
+  // reuses the memory, as FSDP2 does, is correct).
+  std::vector<std::pair<int, uint64_t>> others;
 };
 struct Queue {
   std::mutex mu;
@@ -185,7 +237,8 @@ void run_ready(Queue& q, int device, uint64_t before, const rt::Stream* stream) 
   size_t kept = 0;
   for (size_t i = 0; i < rs.size(); ++i) {
     Request& r = rs[i];
-    const bool ready = stream ? stream->is_complete(r.after) : r.after < before;
+    bool ready = stream ? stream->is_complete(r.after) : r.after < before;
+    for (const auto& [s, seq] : r.others) ready = ready && rt::device(device).stream(s).is_complete(seq);
     if (ready) {
       run(r);
       pending_requests[device].fetch_sub(1, std::memory_order_relaxed);
@@ -221,8 +274,13 @@ bool cancel_poison(Queue& q, int device, char* p, size_t n) {
       continue;
     }
     any = true;
-    if (it->p < p) pieces.push_back({Request::Poison, it->after, it->p, size_t(p - it->p)});
-    if (it->p + it->n > p + n) pieces.push_back({Request::Poison, it->after, p + n, size_t(it->p + it->n - (p + n))});
+    auto piece = [&](char* from, char* to) {
+      Request r{Request::Poison, it->after, from, size_t(to - from)};
+      r.others = it->others;
+      pieces.push_back(std::move(r));
+    };
+    if (it->p < p) piece(it->p, p);
+    if (it->p + it->n > p + n) piece(p + n, it->p + it->n);
     it = rs.erase(it);
     pending_requests[device].fetch_sub(1, std::memory_order_relaxed);
   }
@@ -243,6 +301,23 @@ thread_local CurrentTask t_current;
 
 bool recorded_on(const std::vector<int>& streams, int s) {
   return std::find(streams.begin(), streams.end(), s) != streams.end();
+}
+
+// A block handed out again on its stream while task `u` of another stream
+// used its memory: the new owner's first task must follow `u`, or the two
+// may run at once on the same memory (call with table_mu held).
+void check_reuse(int device, uintptr_t p, const Live& b, const OtherUse& u) {
+  if (follows(device, b.stream, b.first_use, b.first_use_enqueued_ns, u.stream, u.seq)) return;
+  if (!reported_cross.insert({b.id, u.stream}).second) return;
+  Report rep{"missing record_stream", "", {}, false};
+  rep.message = "task " + u.op + " on " + where(device, u.stream) + " used device memory that was freed and handed " +
+                "out again on " + where(device, b.stream) + ", and nothing orders the new owner's work after that " +
+                "task: it is now " + describe(p, b) + ". A tensor used on a stream other than the one it was " +
+                "allocated on needs tensor.record_stream(stream) before it is freed, or the allocating stream must " +
+                "wait for that stream (wait_stream, wait_event, a synchronisation) before its memory is reused";
+  for (const auto& [q, n, free] : b.previous) rep.stacks.push_back({"The memory's previous block was freed at", free});
+  rep.stacks.push_back({"and handed out again at", b.alloc});
+  report(std::move(rep));
 }
 
 void after_task(const CurrentTask& cur) {
@@ -268,29 +343,21 @@ void after_task(const CurrentTask& cur) {
           report(std::move(rep));
         }
       }
-      if (b.stream != cur.stream && !recorded_on(b.recorded, cur.stream) && b.alloc_ns > cur.task->enqueued_ns &&
-          reported_cross.insert({b.id, cur.stream}).second) {
-        Report rep{"missing record_stream", "", {}, false};
-        rep.message = "task " + op + " on " + where(cur.device, cur.stream) +
-                      " used device memory that was freed and handed out again after the task was queued: it is "
-                      "now " + describe(it->first, b) + ". A tensor used on a stream other than the one it was "
-                      "allocated on needs tensor.record_stream(stream) (or a synchronisation) before it is freed";
-        for (const auto& [p, n, free] : b.previous)
-          if (v >= p && v < p + n) rep.stacks.push_back({"The memory's previous block was freed at", free});
-        rep.stacks.push_back({"and handed out again at", b.alloc});
-        report(std::move(rep));
+      if (b.stream == cur.stream) {
+        if (b.first_use == 0 && cur.task->enqueued_ns > b.alloc_ns) {  // the new owner's first task
+          b.first_use = cur.task->seq;
+          b.first_use_enqueued_ns = cur.task->enqueued_ns;
+          for (const OtherUse& u : b.other_uses) check_reuse(cur.device, it->first, b, u);
+        }
+      } else if (!recorded_on(b.recorded, cur.stream) && b.alloc_ns > cur.task->enqueued_ns) {
+        // Queued before the memory was handed out again: it used a previous owner.
+        b.other_uses.push_back({cur.stream, cur.task->seq, op});
+        if (b.first_use != 0) check_reuse(cur.device, it->first, b, b.other_uses.back());
       }
     } else if (auto f = containing(freed, v); f != freed.end()) {
-      const Freed& b = f->second;
-      if (b.stream != cur.stream && !recorded_on(b.recorded, cur.stream) && b.free_ns > cur.task->enqueued_ns &&
-          reported_cross.insert({f->first, cur.stream}).second) {
-        Report rep{"missing record_stream", "", {}, false};
-        rep.message = "task " + op + " on " + where(cur.device, cur.stream) + " used " + describe(f->first, b) +
-                      " that was freed after the task was queued, without record_stream: its stream may hand the "
-                      "memory out again while this task runs";
-        rep.stacks = {{"The block was allocated at", b.alloc}, {"and freed at", b.free}};
-        report(std::move(rep));
-      }
+      Freed& b = f->second;
+      if (b.stream != cur.stream && !recorded_on(b.recorded, cur.stream) && b.free_ns > cur.task->enqueued_ns)
+        b.other_uses.push_back({cur.stream, cur.task->seq, op});
     }
   }
 }
@@ -314,6 +381,17 @@ void task_hook(int device, int stream, const rt::Task& task, bool finished) {
     // A checker's failure (out of host memory) must not fail the task.
   }
   t_current.task = nullptr;
+}
+
+void wait_hook(int device, int stream, uint64_t seq) {
+  try {
+    std::lock_guard<std::mutex> lock(table_mu);
+    if (t_current.task)  // an executor's event wait: its stream's later tasks follow
+      add_order(device_waits[{device, t_current.stream, stream}], t_current.task->seq, seq);
+    else
+      add_order(host_waits[{device, stream}], static_cast<uint64_t>(rt::now_ns()), seq);
+  } catch (...) {
+  }
 }
 
 // Inside the SIGSEGV handler (runtime/memcheck.h).
@@ -398,6 +476,7 @@ void block_allocated(int device, int stream, char* p, size_t size, size_t reques
     if (first != freed.begin() && std::prev(first)->first + std::prev(first)->second.size > a) --first;
     auto last = freed.lower_bound(a + size);
     for (auto it = first; it != last; ++it) {
+      for (OtherUse& u : it->second.other_uses) b.other_uses.push_back(std::move(u));
       b.previous.emplace_back(it->first, it->second.size, it->second.free);
       check.previous.emplace_back(it->first, std::move(it->second));
     }
@@ -431,12 +510,18 @@ void block_freed(char* p, HistoryContext context) {
   Live& b = it->second;
   freed[it->first] = Freed{b.device,           b.stream,           b.size,
                            b.requested,        rt::now_ns(),       std::move(b.recorded),
-                           std::move(b.tensor), std::move(b.alloc), std::move(context)};
+                           std::move(b.tensor), std::move(b.alloc), std::move(context),
+                           std::move(b.other_uses)};
   live.erase(it);
 }
 
 void block_released(int device, int stream, char* p, size_t size) {
-  push(device, stream, {Request::Poison, rt::device(device).stream(stream).last_enqueued(), p, size});
+  rt::Device& d = rt::device(device);
+  Request poison{Request::Poison, d.stream(stream).last_enqueued(), p, size};
+  for (int s = 0; s < kStreams; ++s)
+    if (rt::Stream* other = d.made_stream(s); other && s != stream && !other->query())
+      poison.others.emplace_back(s, other->last_enqueued());
+  push(device, stream, std::move(poison));
 }
 
 void block_recorded(char* p, int stream) {
@@ -482,6 +567,7 @@ struct Install {
   Install() {
     if (!runtime::memcheck::enabled_at_load()) return;
     runtime::memcheck::set_task_hook(task_hook);
+    runtime::memcheck::set_wait_hook(wait_hook);
     runtime::memcheck::set_fault_reporter(on_fault);
   }
 } install;

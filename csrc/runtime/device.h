@@ -64,6 +64,7 @@ class Device {
   void* map_shared(int fd, size_t bytes);
 
   Stream& stream(int id);
+  Stream* made_stream(int id) const { return made_[id].load(std::memory_order_acquire); }  // null: never used
   int next_pool_stream();  // an id from the pool, round-robin
   void synchronize();      // every stream, then raise a pending error
   // Waits for every stream until `deadline_ns`; whether all finished.

@@ -31,6 +31,7 @@ int g_pkey = -1;
 std::string g_off_reason;
 std::atomic<FaultReporter> g_reporter{nullptr};
 std::atomic<TaskHook> g_task_hook{nullptr};
+std::atomic<WaitHook> g_wait_hook{nullptr};
 struct sigaction g_previous;
 
 thread_local int t_depth = 0;        // open DeviceAccess scopes
@@ -153,6 +154,12 @@ void set_task_hook(TaskHook hook) { g_task_hook.store(hook, std::memory_order_re
 
 void task_hook(int device, int stream, const Task& task, bool finished) {
   if (TaskHook hook = g_task_hook.load(std::memory_order_acquire)) hook(device, stream, task, finished);
+}
+
+void set_wait_hook(WaitHook hook) { g_wait_hook.store(hook, std::memory_order_release); }
+
+void wait_hook(int device, int stream, uint64_t seq) {
+  if (WaitHook hook = g_wait_hook.load(std::memory_order_acquire)) hook(device, stream, seq);
 }
 
 } // namespace torchneuron::runtime::memcheck

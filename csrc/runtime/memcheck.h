@@ -77,4 +77,11 @@ using TaskHook = void (*)(int device, int stream, const Task& task, bool finishe
 void set_task_hook(TaskHook hook);
 void task_hook(int device, int stream, const Task& task, bool finished);
 
+// Called when a wait for task `seq` of a stream returned (Stream::wait_until),
+// on the thread that waited: an executor running an event wait (the stream
+// it runs follows that task) or a host (what it queues later follows it).
+using WaitHook = void (*)(int device, int stream, uint64_t seq);
+void set_wait_hook(WaitHook hook);
+void wait_hook(int device, int stream, uint64_t seq);
+
 } // namespace torchneuron::runtime::memcheck

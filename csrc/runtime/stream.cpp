@@ -216,6 +216,13 @@ bool Stream::idle() {
 }
 
 bool Stream::wait_until(uint64_t seq, int64_t deadline_ns) {
+  struct Waited {  // tells the memory checker of the order a finished wait makes
+    const Stream& s;
+    uint64_t seq;
+    ~Waited() {
+      if (memcheck::on() && s.is_complete(seq)) memcheck::wait_hook(s.device_.index(), s.id_, seq);
+    }
+  } waited{*this, seq};
   if (is_complete(seq)) return true;
   // How often a waiting host looks for an interrupt (Ctrl-C).
   constexpr auto kInterruptPoll = std::chrono::milliseconds(50);
