@@ -43,10 +43,17 @@ class DeviceTanhOnCpu:
                     y = device_tanh(x)
                     return x.copy_(y) if func is aten.tanh_.default else y
                 # Composites reach a mode whole when autograd is off (inference
-                # mode): decompose them here, so the mode sees their tanh.
-                with self:
-                    out = func.decompose(*args, **kwargs)
-                return func(*args, **kwargs) if out is NotImplemented else out
+                # mode): decompose them here, so the mode sees their tanh. With
+                # ATen's own composite kernel, which the CPU runs: func.decompose
+                # prefers torch._decomp's Python decomposition where one is
+                # registered (the recurrent layers'), and its operators differ
+                # (sigmoid for sigmoid_, chunk for unsafe_chunk, linear for addmm),
+                # and so, by an ulp on some hosts, do its results.
+                composite = torch._C.DispatchKey.CompositeImplicitAutograd
+                if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), composite):
+                    with self:
+                        return func._op_dk(composite, *args, **kwargs)
+                return func(*args, **kwargs)
 
         self._mode = Mode()
         self._mode.__enter__()

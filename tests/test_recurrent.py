@@ -130,7 +130,6 @@ def test_cells_bitwise(cell, bias):
         check(run_both(lambda: cell(I, H, bias=bias), make_inputs, lambda m, x, h: flat(m(x, h)), torch.float32))
 
 
-@pytest.mark.xfail(torch.backends.cpu.get_cpu_capability() != "AVX512", strict=False, reason="on hosts without AVX-512 (an AMD EPYC with AVX2) the GRU in inference mode differs from the CPU's by one float32 ulp; which operator is not found yet (issue 27)")
 def test_without_initial_state_and_in_inference_mode():
     torch.manual_seed(SEED)
     for cls in (torch.nn.LSTM, torch.nn.GRU, torch.nn.RNN):
