@@ -110,3 +110,23 @@ def test_fp8_and_tf32_inputs(rng):
     a = rng.standard_normal((64, 32)).astype(nl.float8_e4m3)
     b = rng.standard_normal((64, 48)).astype(nl.float8_e5m2)
     np.testing.assert_allclose(k(a, b), a.astype(np.float32).T @ b.astype(np.float32), rtol=1e-6, atol=1e-5)
+
+
+
+
+def test_concurrent_launches_keep_blas_single_threaded(rng):
+    """BLAS stays on one thread while launches run, whatever order concurrent
+    launches end in: OpenBLAS's Haswell kernels (AVX2 hosts) give other bits on
+    two threads than on one."""
+    import concurrent.futures
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    a, b = rng.standard_normal((256, 128)).astype(np.float32), rng.standard_normal((256, 512)).astype(np.float32)
+    want = matmul_beta1(a, b)
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        outs = list(pool.map(lambda _: (matmul_beta1(a, b), blas_threads()), range(6)))
+    assert all(np.array_equal(out, want) and threads == {1} for out, threads in outs)
+    assert blas_threads() == {1}

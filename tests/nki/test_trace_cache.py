@@ -272,7 +272,6 @@ def test_device_print_runs_on_replay(capsys):
     assert show.cache_info()["replays"] == 1
 
 
-@pytest.mark.xfail(strict=False, reason="the emulator's matmul is NumPy's, whose OpenBLAS gives other bits for a call it runs on fewer threads, as concurrent calls do on some hosts (an AMD EPYC; same bits with OPENBLAS_NUM_THREADS=1): the emulator's results must not depend on it (issue 24)")
 def test_lowered_replays_from_several_threads(rng):
     """Lowered programs reuse preallocated buffers: concurrent launches must each get their own."""
     import concurrent.futures

@@ -16,6 +16,7 @@ import functools
 import importlib
 import itertools
 import os
+import threading
 
 import numpy as np
 
@@ -46,21 +47,30 @@ def _framework_of(values):
     return None
 
 
-_blas_controller = None
+_blas_lock = threading.Lock()
+_blas_limited = False
 
 
 def _single_threaded_blas():
-    """BLAS limited to one thread inside a launch: a tile GEMM (at most
-    128 x 128 x 512) is too small to pay for waking a thread pool per call,
-    least of all on a busy host; parallelism belongs to the device's streams."""
-    global _blas_controller
-    try:
-        if _blas_controller is None:
-            from threadpoolctl import ThreadpoolController
-            _blas_controller = ThreadpoolController()
-        return _blas_controller.limit(limits=1, user_api="blas")
-    except ImportError:  # optional: without it BLAS keeps its default threads
-        return contextlib.nullcontext()
+    """BLAS on one thread from the first launch on, for the process: a tile
+    GEMM (at most 128 x 128 x 512) is too small to pay for waking a thread pool
+    per call, least of all on a busy host (parallelism belongs to the device's
+    streams), and the bits of OpenBLAS's Haswell kernels, which AVX2 hosts run,
+    depend on its thread count. A limit set and restored around each launch
+    let concurrent launches change it under each other (OpenBLAS's count is the
+    process's), so it is set once and kept; NumPy's own BLAS calls in the
+    process then run on one thread too (docs/nki.md)."""
+    global _blas_limited
+    if not _blas_limited:
+        with _blas_lock:
+            if not _blas_limited:
+                try:
+                    from threadpoolctl import ThreadpoolController
+                    ThreadpoolController().limit(limits=1, user_api="blas")
+                except ImportError:  # optional: without it BLAS keeps its default threads
+                    pass
+                _blas_limited = True
+    return contextlib.nullcontext()
 
 
 def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=None, debug=None,
