@@ -56,10 +56,10 @@ def _single_threaded_blas():
     GEMM (at most 128 x 128 x 512) is too small to pay for waking a thread pool
     per call, least of all on a busy host (parallelism belongs to the device's
     streams), and the bits of OpenBLAS's Haswell kernels, which AVX2 hosts run,
-    depend on its thread count. A limit set and restored around each launch
-    let concurrent launches change it under each other (OpenBLAS's count is the
-    process's), so it is set once and kept; NumPy's own BLAS calls in the
-    process then run on one thread too (docs/nki.md)."""
+    depend on its thread count. The count is the process's: set and restored
+    around each launch, it would change under a concurrent launch, so it is set
+    once and kept; NumPy's own BLAS calls in the process then run on one thread
+    too (docs/nki.md)."""
     global _blas_limited
     if not _blas_limited:
         with _blas_lock:
