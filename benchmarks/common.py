@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torchneuron
 
 # The demo model (examples/gpt_model.py) is shared with the end-to-end benchmarks.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
@@ -98,6 +99,7 @@ def machine() -> dict:
         "torch_version": torch.__version__,
         "torch_num_threads": torch.get_num_threads(),
         "neuron_devices": torch.neuron.device_count(),
+        "isa": torchneuron._C._isa(),  # the device's own loops: the level they run at and the host's highest
         "python": platform.python_version(),
         "platform": platform.platform(),
         "loadavg_start": list(os.getloadavg()),
@@ -120,6 +122,7 @@ def run_alone(group: str, run: Callable, targets: Callable, value_format: str = 
 
     p = argparse.ArgumentParser(description=f"the {group} benchmarks alone")
     p.add_argument("--smoke", action="store_true")
+    p.add_argument("--json", metavar="FILE", help="also write the group's results to FILE")
     args = p.parse_args()
 
     class _NoProgress:
@@ -128,6 +131,9 @@ def run_alone(group: str, run: Callable, targets: Callable, value_format: str = 
 
     result = {group: run(Config(smoke=args.smoke), _NoProgress())}
     print(json.dumps(result, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result[group], f, indent=1)
     for t in targets(result):
         print(f"{t['name']}: {t['value']:{value_format}} {t['figure']} (target {t['threshold']}): "
               f"{'met' if t['met'] else 'NOT met'}")

@@ -8,6 +8,12 @@ the device (issue + synchronize from an idle device).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
 import torch
 import torch.nn.functional as F
 
@@ -17,6 +23,7 @@ from .common import CPU, NEURON, Config, compare, median, timed
 from .limits import triad
 
 F32 = 4
+CHAINS = "elementwise_chain"  # the fused chains' names begin so
 
 
 def _cases(cfg: Config) -> dict:
@@ -81,9 +88,9 @@ def _cases(cfg: Config) -> dict:
     cases = {f"add_{n // 2**20}M" if n >= 2**20 else f"add_{n}": (add, {"bytes": 3 * F32 * n})}
     for k in (4, 8):  # bytes: what a fully fused pass must move (two inputs, one output)
         library = [torch.sigmoid]  # the member computed as ATen's kernel (tanh is the device's own)
-        cases[f"elementwise_chain{k}"] = (chain(k), {"bytes": 3 * F32 * n, "elements": n, "library": library})
-        cases[f"elementwise_chain{k}_arithmetic"] = (chain(k, arithmetic=True),
-                                                     {"bytes": 3 * F32 * n, "elements": n, "library": []})
+        cases[f"{CHAINS}{k}"] = (chain(k), {"bytes": 3 * F32 * n, "elements": n, "library": library})
+        cases[f"{CHAINS}{k}_arithmetic"] = (chain(k, arithmetic=True),
+                                            {"bytes": 3 * F32 * n, "elements": n, "library": []})
     for k in mm_sizes:
         cases[f"matmul_{k}"] = (mm(k), {"flops": 2 * k**3})
     cases["conv2d_resnet_layer2"] = (conv, {"flops": 2 * conv_b * 128 * conv_hw**2 * 128 * 9})
@@ -93,7 +100,7 @@ def _cases(cfg: Config) -> dict:
     return cases
 
 
-STEPS = 11  # cases in _cases
+STEPS = 11 + 1  # cases in _cases, and the chains on the AVX2 path (run_avx2_path)
 
 
 def _library_floor_s(fns, elements: int) -> float:
@@ -166,9 +173,30 @@ def run(cfg: Config, bar, limits: dict, only=None) -> dict:
     return out
 
 
+def run_avx2_path(cfg: Config, bar) -> dict:
+    """The fused chains again on the AVX2 path, forced on a host with a higher
+    level as a user would force it (ATEN_CPU_CAPABILITY=avx2), in a child
+    interpreter: a process chooses its level once (isa.h). Empty on a host
+    whose own level is AVX2 or lower: its native run is that path."""
+    if torchneuron._C._isa()["host"] != "avx512":
+        bar.update(1)
+        return {}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "chains.json")
+        subprocess.run([sys.executable, "-m", "benchmarks.large_ops", "--json", out] + ["--smoke"] * cfg.smoke,
+                       cwd=root, env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}, check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            result = json.load(f)
+    assert all(r["isa"]["path"] == "avx2" for r in result.values()), "the child did not run the AVX2 path"
+    bar.update(1)
+    return result
+
+
 if __name__ == "__main__":
     # The fused chains alone, with their targets:
-    #   python -m benchmarks.large_ops [--smoke]    (ATEN_CPU_CAPABILITY=avx2 forces the AVX2 path)
+    #   python -m benchmarks.large_ops [--smoke] [--json FILE]    (ATEN_CPU_CAPABILITY=avx2 forces the AVX2 path)
     from . import limits as machine_limits
     from . import report
     from .common import run_alone
@@ -176,6 +204,6 @@ if __name__ == "__main__":
     def chains(cfg, bar):
         torch.empty(1, device="neuron")
         lim = machine_limits.run(cfg, bar)
-        return run(cfg, bar, lim, only=lambda name: name.startswith("elementwise_chain"))
+        return run(cfg, bar, lim, only=lambda name: name.startswith(CHAINS))
 
     run_alone("large_ops", chains, lambda res: [t for t in report.targets(res) if t["group"] == "fusion"])

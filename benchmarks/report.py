@@ -6,10 +6,12 @@ import os
 
 from . import distributed, lockin, profiler, sanitizer, soak
 from .common import fmt_bytes, fmt_time
+from .large_ops import CHAINS
 
 TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX, COMPILED_MIN = 1.5, 0.95, 1.0, 1.3, 1.0
 HF_MIN, FIRST_CALL_MAX = 1.0, 2.0
 CHAIN_MIN, CHAIN_BW_MIN = 2.0, 0.7
+AVX2_GROUP = "fusion, AVX2 path forced"  # large_ops.run_avx2_path
 ANALYSIS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "analysis.md")
 
 
@@ -23,15 +25,20 @@ def targets(res: dict) -> list[dict]:
     for op, r in res.get("tiny_ops", {}).get("ops", {}).items():
         add("tiny ops", op, "neuron completed time / CPU time per op", r["ratio_completed"],
             f"<= {TINY_MAX}", r["ratio_completed"] <= TINY_MAX)
+    def fusion(group, op, r):  # adaptive eager's own targets
+        add(group, op, "fused neuron speed / CPU speed", r["speed_vs_cpu"], f">= {CHAIN_MIN}",
+            r["speed_vs_cpu"] >= CHAIN_MIN)
+        frac = r.get("fraction_of_triad_alongside", r["neuron_fraction_of_bandwidth"])
+        add(group, op, "fraction of triad bandwidth (ideal bytes; triad timed alongside)", frac,
+            f">= {CHAIN_BW_MIN}", frac >= CHAIN_BW_MIN)
+
     for op, r in res.get("large_ops", {}).items():
         add("large ops", op, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {LARGE_MIN}",
             r["speed_vs_cpu"] >= LARGE_MIN)
-        if op.startswith("elementwise_chain"):  # adaptive eager's own targets
-            add("fusion", op, "fused neuron speed / CPU speed", r["speed_vs_cpu"], f">= {CHAIN_MIN}",
-                r["speed_vs_cpu"] >= CHAIN_MIN)
-            frac = r.get("fraction_of_triad_alongside", r["neuron_fraction_of_bandwidth"])
-            add("fusion", op, "fraction of triad bandwidth (ideal bytes; triad timed alongside)", frac,
-                f">= {CHAIN_BW_MIN}", frac >= CHAIN_BW_MIN)
+        if op.startswith(CHAINS):
+            fusion("fusion", op, r)
+    for op, r in res.get("large_ops_avx2", {}).items():
+        fusion(AVX2_GROUP, op, r)
     for w, r in res.get("end_to_end", {}).items():
         if w.endswith("_train_step"):
             add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
@@ -151,11 +158,13 @@ def markdown(res: dict, plot_files: list[str]) -> str:
     m, lim = res["machine"], res["limits"]
     smoke = res["config"]["smoke"]
     s = ["# Benchmarks: `neuron` against the CPU backend\n"]
+    isa = (f", the device's own loops on {m['isa']['path']} (the host's highest level: {m['isa']['host']})"
+           if "isa" in m else "")
     if smoke:
         s.append("> **Smoke run** (tiny sizes, few repeats): the figures below mean nothing.\n")
     s.append(f"Machine: {m['cpu_model']}, {m['logical_cores']} logical cores ({m['usable_cores']} usable), "
              f"PyTorch {m['torch_version']} ({m['torch_num_threads']} intra-op threads), "
-             f"{m['neuron_devices']} emulated NeuronCores. Date: {m['date']}. Load average (1 min) at start / end: "
+             f"{m['neuron_devices']} emulated NeuronCores{isa}. Date: {m['date']}. Load average (1 min) at start / end: "
              f"{m['loadavg_start'][0]:.1f} / {res.get('loadavg_end', [float('nan')])[0]:.1f} (a shared machine: "
              "other processes compete for the cores). "
              f"Suite time: {res['elapsed_s']:.0f} s. Command: `.venv/bin/python benchmarks/run.py"
@@ -202,18 +211,23 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                 frac = f"{r['cpu_fraction_of_peak']:.0%} / {r['neuron_fraction_of_peak']:.0%} of peak"
             rows.append((n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}", frac))
         s.append(_table(["op", "CPU", "neuron", "neuron speed / CPU", "CPU / neuron fraction of limit"], rows))
-        chains = {n: r for n, r in res["large_ops"].items() if "fraction_of_triad_alongside" in r}
+        chains = [(n, r) for n, r in res["large_ops"].items() if "fraction_of_triad_alongside" in r]
+        chains += list(res.get("large_ops_avx2", {}).items())
         if chains:
             s.append("\nFused chains against a triad over the same elements timed beside them, repeat by "
                      "repeat, each the best of three calls in a row (the target's figure). *Ceiling*: the "
                      "fraction the chain could reach if it took no longer than ATen's own kernel of its "
                      "library member (sigmoid) alone, on data in cache, split perfectly over both "
                      "cores: fusion must compute it bit for bit as that kernel does. (tanh is the "
-                     "device's own, computed in the chain: docs/numerics.md.)\n")
-            rows = [(n, f"{r['fraction_of_triad_alongside']:.2f}", ", ".join(r.get("library", [])) or "none",
+                     "device's own, computed in the chain: docs/numerics.md.) *Path*: the instruction set "
+                     "the device's own loops ran on; `avx2` on a host with AVX-512 is that path forced "
+                     "(`ATEN_CPU_CAPABILITY=avx2`, in a process of its own).\n")
+            rows = [(n, r["isa"]["path"], f"{r['fraction_of_triad_alongside']:.2f}", f"{r['speed_vs_cpu']:.2f}",
+                     ", ".join(r.get("library", [])) or "none",
                      f"{r['library_floor_fraction_of_triad']:.2f}" if "library" in r else "-")
-                    for n, r in chains.items()]
-            s.append(_table(["chain", "fraction of triad", "library members", "ceiling"], rows))
+                    for n, r in chains]
+            s.append(_table(["chain", "path", "fraction of triad", "speed / CPU", "library members", "ceiling"],
+                            rows))
         if "large_ops.png" in plot_files:
             s.append("\n![large ops](large_ops.png)\n")
 

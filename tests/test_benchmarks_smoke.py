@@ -39,6 +39,11 @@ def test_benchmark_smoke_run(tmp_path):
     assert {"matmul_64", "matmul_128", "conv2d_resnet_layer2", "softmax", "layer_norm",
             "embedding"} <= set(res["large_ops"])
     assert all(r["speed_vs_cpu"] > 0 for r in res["large_ops"].values())
+    # the chains again on the AVX2 path, forced where the host has AVX-512
+    chains = {n for n in res["large_ops"] if n.startswith("elementwise_chain")}
+    avx2 = res["large_ops_avx2"]
+    assert set(avx2) == (chains if res["machine"]["isa"]["host"] == "avx512" else set())
+    assert all(r["isa"]["path"] == "avx2" and r["speed_vs_cpu"] > 0 for r in avx2.values())
     assert set(res["end_to_end"]) == {"gpt_train_step", "resnet18_train_step", "lstm_lm_train_step",
                                       "gpt_infer_batch1_token"}
     for r in res["memory"].values():
@@ -61,7 +66,8 @@ def test_benchmark_smoke_run(tmp_path):
     assert breakdown["first"]["meta_signatures"] > 0 and breakdown["top_ops_by_extra_host_time"]
     assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "fusion", "end to end", "memory",
                                                     "compiled", "huggingface", "profiler", "lockin",
-                                                    "distributed", "sanitizer", "soak"}
+                                                    "distributed", "sanitizer", "soak"} | (
+        {"fusion, AVX2 path forced"} if avx2 else set())
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md
