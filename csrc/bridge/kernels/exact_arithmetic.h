@@ -78,15 +78,18 @@ struct ChainStep {
 int64_t chain_chunk(c10::ScalarType dtype);
 // A chain compiled once per fused group into micro-ops (exact_chain.cpp).
 struct ChainProgram {
+  // acc op= an operand from memory (checked for two NaNs) or a number that
+  // is not NaN: the common step, one micro-op that needs no `arg`.
   enum class Code : uint8_t {
     LoadAcc, LoadArg, SplatAcc, SplatArg, ArgFromAcc, Check,
-    Add, Sub, Mul, Div, Neg, Abs, Reciprocal, ClampLo, ClampHi, Sigmoid, Tanh, Hold, End };
+    Add, Sub, Mul, Div, Neg, Abs, Reciprocal, ClampLo, ClampHi, Sigmoid, Tanh, Hold, End,
+    AddLoaded, SubLoaded, MulLoaded, DivLoaded, AddSplat, SubSplat, MulSplat, DivSplat };
   struct MicroOp {
     Code code;
     bool in_slice;      // `data` is a scratch slot holding the current slice
     int8_t output;      // Hold: into outputs[output]
-    double value;       // Splat*: the number; Clamp*: the bound (exact in the dtype)
-    const char* data;   // Load*: element 0 of the iteration space, or of the slice
+    double value;       // *Splat: the number; Clamp*: the bound (exact in the dtype)
+    const char* data;   // Load*, *Loaded: element 0 of the iteration space, or of the slice
   };
   struct Output {
     char* data;

@@ -26,43 +26,59 @@ ChainProgram compile_chain(const std::vector<ChainStep>& steps) {
     if (o) op.data = o->data, op.in_slice = o->kind == ChainOperand::Slice;
     program.ops.push_back(op);
   };
+  auto in_memory = [](const ChainOperand& o) {
+    return o.kind == ChainOperand::Memory || o.kind == ChainOperand::Slice;
+  };
+  // A number operand: a single element, read now (no member of the group
+  // writes it), or the op's Scalar.
+  auto number = [&](const ChainOperand& o, const ExactArithmetic& op) {
+    if (o.kind != ChainOperand::Single) return op.scalar;
+    return dtype == at::kFloat ? double(*reinterpret_cast<const float*>(o.data))
+                               : *reinterpret_cast<const double*>(o.data);
+  };
   // An operand into acc or arg, from memory or broadcast; false if it is a
   // number (then no element has two NaN operands).
   auto place = [&](const ChainOperand& o, const ExactArithmetic& op, Code load, Code splat) {
-    if (o.kind == ChainOperand::Memory || o.kind == ChainOperand::Slice) {
+    if (in_memory(o)) {
       emit(load, 0, &o);
       return true;
     }
-    // A single element, read now: no member of the group writes it.
-    const double v = o.kind != ChainOperand::Single ? op.scalar
-                     : dtype == at::kFloat ? double(*reinterpret_cast<const float*>(o.data))
-                                           : *reinterpret_cast<const double*>(o.data);
+    const double v = number(o, op);
     emit(splat, v);
     return std::isnan(v);
   };
   for (const ChainStep& step : steps) {
     const ExactArithmetic& op = *step.op;
-    const bool binary = op.kind == Kind::Add || op.kind == Kind::Sub || op.kind == Kind::Mul || op.kind == Kind::Div;
-    bool x_nan = true, y_nan = true;  // may this operand be NaN
-    if (binary && step.other.kind == ChainOperand::Previous) emit(Code::ArgFromAcc);
-    if (step.self.kind != ChainOperand::Previous) x_nan = place(step.self, op, Code::LoadAcc, Code::SplatAcc);
-    if (binary && step.other.kind != ChainOperand::Previous) y_nan = place(step.other, op, Code::LoadArg, Code::SplatArg);
-    if (binary && x_nan && y_nan) emit(Code::Check);
-    switch (op.kind) {
-      case Kind::Add: emit(Code::Add); break;
-      case Kind::Sub: emit(Code::Sub); break;
-      case Kind::Mul: emit(Code::Mul); break;
-      case Kind::Div: emit(Code::Div); break;
-      case Kind::Neg: emit(Code::Neg); break;
-      case Kind::Abs: emit(Code::Abs); break;
-      case Kind::Reciprocal: emit(Code::Reciprocal); break;
-      case Kind::Clamp:  // max with lo, then min with hi
-        if (op.lo) emit(Code::ClampLo, *op.lo);
-        if (op.hi) emit(Code::ClampHi, *op.hi);
-        break;
-      case Kind::Function:  // chain_of chains no other function
-        emit(vector_math::is_sigmoid(*op.function) ? Code::Sigmoid : Code::Tanh);
-        break;
+    const int binary = op.kind == Kind::Add ? 1 : op.kind == Kind::Sub ? 2 : op.kind == Kind::Mul ? 3
+                     : op.kind == Kind::Div ? 4 : 0;  // and the op's place among the folded codes, plus one
+    const bool folds = binary && step.self.kind == ChainOperand::Previous && step.other.kind != ChainOperand::Previous &&
+                       (in_memory(step.other) || !std::isnan(number(step.other, op)));
+    if (folds && in_memory(step.other)) {
+      emit(Code(int(Code::AddLoaded) + binary - 1), 0, &step.other);
+    } else if (folds) {
+      emit(Code(int(Code::AddSplat) + binary - 1), number(step.other, op));
+    } else {
+      bool x_nan = true, y_nan = true;  // may this operand be NaN
+      if (binary && step.other.kind == ChainOperand::Previous) emit(Code::ArgFromAcc);
+      if (step.self.kind != ChainOperand::Previous) x_nan = place(step.self, op, Code::LoadAcc, Code::SplatAcc);
+      if (binary && step.other.kind != ChainOperand::Previous) y_nan = place(step.other, op, Code::LoadArg, Code::SplatArg);
+      if (binary && x_nan && y_nan) emit(Code::Check);
+      switch (op.kind) {
+        case Kind::Add: emit(Code::Add); break;
+        case Kind::Sub: emit(Code::Sub); break;
+        case Kind::Mul: emit(Code::Mul); break;
+        case Kind::Div: emit(Code::Div); break;
+        case Kind::Neg: emit(Code::Neg); break;
+        case Kind::Abs: emit(Code::Abs); break;
+        case Kind::Reciprocal: emit(Code::Reciprocal); break;
+        case Kind::Clamp:  // max with lo, then min with hi
+          if (op.lo) emit(Code::ClampLo, *op.lo);
+          if (op.hi) emit(Code::ClampHi, *op.hi);
+          break;
+        case Kind::Function:  // chain_of chains no other function
+          emit(vector_math::is_sigmoid(*op.function) ? Code::Sigmoid : Code::Tanh);
+          break;
+      }
     }
     if (step.out) {
       TORCH_INTERNAL_ASSERT(program.outputs.size() < ChainProgram::kMaxOutputs, "compile_chain: too many outputs");

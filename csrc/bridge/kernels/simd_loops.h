@@ -205,7 +205,10 @@ void end_streaming_here() { S<float>::fence(); }
 //
 // The chain runs as threaded code: a program of micro-ops over two sets of
 // registers, the value (`acc`) and the step's other operand (`arg`), each
-// micro-op ending in a jump to the next one's label. A loop with a switch per
+// micro-op ending in a jump to the next one's label. The common step, acc op=
+// a loaded operand or a number, is one micro-op that leaves `arg` alone:
+// with 16 registers `arg` lives in memory, and filling it cost more than the
+// operation. A loop with a switch per
 // step made GCC spill the registers around the switch; threaded code keeps
 // them in registers. Labels as values are a GCC extension, which Clang has too.
 
@@ -242,6 +245,22 @@ struct Chunk {
 
 using Code = ChainProgram::Code;
 
+// Accumulates into `two_nans` "both are NaN" of a chunk and an operand's:
+// "either is NaN" first, one comparison a vector, since NaNs are rare. (A
+// function: as a lambda capturing `two_nans`, GCC 12 stops with an internal
+// error on the portable level's vector types.)
+template <typename A, typename Q>
+__attribute__((always_inline)) inline typename A::Mask with_two_nans(typename A::Mask two_nans, const Q& acc,
+                                                                     const Q& arg) {
+  typename A::Mask either = A::none();
+#pragma GCC unroll 16
+  for (int k = 0; k < chain_vectors; ++k) either = A::either_nan(either, acc.v[k], arg.v[k]);
+  if (A::any(either))
+#pragma GCC unroll 16
+    for (int k = 0; k < chain_vectors; ++k) two_nans = A::two_nans(two_nans, acc.v[k], arg.v[k]);
+  return two_nans;
+}
+
 template <typename T>
 int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begin, int64_t n) {
   using A = S<T>;
@@ -252,8 +271,10 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
   // By Code.
   static const void* const labels[] = {&&load_acc, &&load_arg, &&splat_acc, &&splat_arg, &&arg_from_acc, &&check,
                                        &&add, &&sub, &&mul, &&div, &&neg, &&abs, &&reciprocal, &&clamp_lo,
-                                       &&clamp_hi, &&sigmoid, &&tanh, &&hold, &&end};
-  static_assert(sizeof(labels) / sizeof(labels[0]) == size_t(Code::End) + 1);
+                                       &&clamp_hi, &&sigmoid, &&tanh, &&hold, &&end, &&add_loaded, &&sub_loaded,
+                                       &&mul_loaded, &&div_loaded, &&add_splat, &&sub_splat, &&mul_splat,
+                                       &&div_splat};
+  static_assert(sizeof(labels) / sizeof(labels[0]) == size_t(Code::DivSplat) + 1);
   // A memory or scratch operand's chunk, prefetching ahead.
   auto load = [&](const ChainProgram::MicroOp& op, int64_t i) __attribute__((always_inline)) {
     const T* p = reinterpret_cast<const T*>(op.data) + (op.in_slice ? i - slice : i);
@@ -288,15 +309,9 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
   arg_from_acc:
     arg = acc;
     TORCHNEURON_NEXT;
-  check: {  // "either is NaN" first, one comparison a vector: NaNs are rare
-    typename A::Mask either = A::none();
-#pragma GCC unroll 16
-    for (int k = 0; k < chain_vectors; ++k) either = A::either_nan(either, acc.v[k], arg.v[k]);
-    if (A::any(either))
-#pragma GCC unroll 16
-      for (int k = 0; k < chain_vectors; ++k) two_nans = A::two_nans(two_nans, acc.v[k], arg.v[k]);
+  check:
+    two_nans = with_two_nans<A>(two_nans, acc, arg);
     TORCHNEURON_NEXT;
-  }
   add:
     acc = acc.map(A::add, arg);
     TORCHNEURON_NEXT;
@@ -339,6 +354,24 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
   hold:
     held[pc->output] = acc;
     TORCHNEURON_NEXT;
+  // acc op= a loaded operand, checked, or a number: `arg` is left alone.
+#define TORCHNEURON_FOLDED(name, F)                                                    \
+  name##_loaded : {                                                                    \
+    const Q loaded = load(*pc, i);                                                     \
+    two_nans = with_two_nans<A>(two_nans, acc, loaded);                                \
+    acc = acc.map(F, loaded);                                                          \
+    TORCHNEURON_NEXT;                                                                  \
+  }                                                                                    \
+  name##_splat : {                                                                     \
+    const V number = A::splat(T(pc->value));                                           \
+    acc = acc.map([number](V a) __attribute__((always_inline)) { return F(a, number); }); \
+    TORCHNEURON_NEXT;                                                                  \
+  }
+  TORCHNEURON_FOLDED(add, A::add)
+  TORCHNEURON_FOLDED(sub, A::sub)
+  TORCHNEURON_FOLDED(mul, A::mul)
+  TORCHNEURON_FOLDED(div, A::div)
+#undef TORCHNEURON_FOLDED
   end:
     if (A::any(two_nans)) break;
     for (size_t k = 0; k < program.outputs.size(); ++k) {
