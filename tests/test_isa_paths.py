@@ -6,6 +6,7 @@ fused path, each smaller than in CI's own run), and the device's tanh gives
 the same bits as on this process's level."""
 import hashlib
 import os
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ import torch
 import torchneuron
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 LEVELS = {"AVX512": 2, "AVX2": 1, "DEFAULT": 0}
 # A sweep of bit patterns (every exponent, sign and NaN class) through the
 # device's tanh: its hash, printed by a child.
@@ -65,3 +67,48 @@ def test_forced_level_computes_fused_as_unfused_and_the_same_tanh(capability, pa
                        cwd=os.path.dirname(HERE), env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:]
     assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+# What only compiles for x86: intrinsics and their headers and types, inline
+# cpuid and rdtsc, and x86's signal-frame registers.
+X86_ONLY = re.compile(r"[a-z]mmintrin\.h|\b_mm\d*_\w+|\b__m(128|256|512)|\b__builtin_ia32_|\"cpuid\"|\brdtsc|"
+                      r"\bREG_(RIP|ERR)\b|\bgregs\b|\bfpregs\b")
+X86_GUARD = re.compile(r"__x86_64__|__SSE\d?__|__AVX\w*__")
+
+
+def x86_only_lines_outside_guards(path):
+    """Lines of a C++ source that only compile for x86 and are not inside an
+    #if on an x86 macro (in its branch that holds on x86)."""
+    out, stack = [], []  # per open #if: whether its current branch is x86-only
+    for number, line in enumerate(open(path), 1):
+        directive = line.strip()
+        if directive.startswith(("#if", "#ifdef", "#ifndef")):
+            stack.append(bool(X86_GUARD.search(directive)) and not directive.startswith("#ifndef")
+                         and "!" not in directive)
+        elif directive.startswith("#elif"):
+            stack[-1] = bool(X86_GUARD.search(directive))
+        elif directive.startswith("#else"):
+            stack[-1] = False
+        elif directive.startswith("#endif"):
+            stack.pop()
+        elif X86_ONLY.search(line.split("//")[0]) and not any(stack):
+            out.append(f"{os.path.relpath(path, REPO)}:{number}: {line.strip()}")
+    return out
+
+
+def test_x86_only_code_sits_inside_x86_guards():
+    """So that the extension builds on aarch64 (scripts/cross_compile_aarch64.sh
+    shows it; this catches the common slips without a cross toolchain)."""
+    sources = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(REPO, "csrc"))
+               for f in files if f.endswith((".cpp", ".h"))]
+    assert len(sources) > 50
+    found = [line for path in sorted(sources) for line in x86_only_lines_outside_guards(path)]
+    assert not found, "x86-only code outside an x86 guard:\n" + "\n".join(found)
+
+
+def test_the_guard_check_finds_unguarded_x86_code(tmp_path):
+    src = tmp_path / "a.cpp"
+    src.write_text('#include <immintrin.h>\n#if defined(__x86_64__)\n__m256 f();\n#else\n__m256 g();\n#endif\n'
+                   '#ifdef __AVX2__\nint x = _mm_popcnt_u32(3);\n#endif\n')
+    assert [line.split(": ", 1)[1] for line in x86_only_lines_outside_guards(src)] == [
+        "#include <immintrin.h>", "__m256 g();"]

@@ -37,8 +37,10 @@ struct sigaction g_previous;
 thread_local int t_depth = 0;        // open DeviceAccess scopes
 thread_local bool t_executor = false;
 
-// The offset of PKRU in the signal frame's XSAVE area (standard format:
-// CPUID leaf 0xD, sub-leaf 9).
+#if defined(__x86_64__)
+// Memory protection keys are x86's PKRU here: the interrupted thread's PKRU
+// sits in its signal frame's XSAVE area (standard format; offset from CPUID
+// leaf 0xD, sub-leaf 9), where the handler grants our key back.
 uint32_t g_pkru_offset = 0;
 constexpr int kPkruComponent = 9;
 
@@ -47,6 +49,29 @@ uint32_t pkru_offset() {
   __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(0xd), "c"(kPkruComponent));
   return eax == 4 || eax == 8 ? ebx : 0;  // the component's size, then its offset
 }
+
+// Enables access and writes for our key in the interrupted context; false if
+// its frame holds no PKRU. `pc` and `write`: the faulting instruction, and
+// whether it wrote.
+bool grant_in_frame(void* context, const void** pc, bool* write) {
+  auto* uc = static_cast<ucontext_t*>(context);
+  auto* xsave = reinterpret_cast<char*>(uc->uc_mcontext.fpregs);
+  // The XSAVE header follows the 512-byte legacy area; PKRU is there only if its bit is set.
+  if (!xsave || !(*reinterpret_cast<uint64_t*>(xsave + 512) >> kPkruComponent & 1)) return false;
+  *reinterpret_cast<uint32_t*>(xsave + g_pkru_offset) &= ~(3u << (2 * g_pkey));
+  *write = uc->uc_mcontext.gregs[REG_ERR] & 2;
+  *pc = reinterpret_cast<const void*>(uc->uc_mcontext.gregs[REG_RIP]);
+  return true;
+}
+
+const char* keys_missing() {
+  g_pkru_offset = pkru_offset();
+  return g_pkru_offset ? nullptr : "the CPU reports no PKRU state component (no memory protection keys)";
+}
+#else
+bool grant_in_frame(void*, const void**, bool*) { return false; }
+const char* keys_missing() { return "host access protection uses x86-64's memory protection keys"; }
+#endif
 
 void chain(int sig, siginfo_t* info, void* context) {
   if (g_previous.sa_flags & SA_SIGINFO) {
@@ -61,17 +86,11 @@ void chain(int sig, siginfo_t* info, void* context) {
 void on_segv(int sig, siginfo_t* info, void* context) {
 #ifdef SEGV_PKUERR
   if (info->si_code == SEGV_PKUERR && info->si_pkey == static_cast<uint32_t>(g_pkey)) {
-    auto* uc = static_cast<ucontext_t*>(context);
-    auto* xsave = reinterpret_cast<char*>(uc->uc_mcontext.fpregs);
-    // The XSAVE header follows the 512-byte legacy area; PKRU is there only if its bit is set.
-    if (xsave && (*reinterpret_cast<uint64_t*>(xsave + 512) >> kPkruComponent & 1)) {
-      // Access and write enabled for our key in the interrupted context.
-      *reinterpret_cast<uint32_t*>(xsave + g_pkru_offset) &= ~(3u << (2 * g_pkey));
-      if (FaultReporter report = g_reporter.load(std::memory_order_acquire)) {
-        const bool write = uc->uc_mcontext.gregs[REG_ERR] & 2;
-        report(Fault{info->si_addr, reinterpret_cast<const void*>(uc->uc_mcontext.gregs[REG_RIP]), write,
-                     static_cast<int>(::syscall(SYS_gettid))});
-      }
+    const void* pc = nullptr;
+    bool write = false;
+    if (grant_in_frame(context, &pc, &write)) {
+      if (FaultReporter report = g_reporter.load(std::memory_order_acquire))
+        report(Fault{info->si_addr, pc, write, static_cast<int>(::syscall(SYS_gettid))});
       return;
     }
   }
@@ -98,9 +117,8 @@ bool install_handler() {
 }
 
 bool start_protection() {
-  g_pkru_offset = pkru_offset();
-  if (!g_pkru_offset) {
-    g_off_reason = "the CPU reports no PKRU state component (no memory protection keys)";
+  if (const char* missing = keys_missing()) {
+    g_off_reason = missing;
     return false;
   }
   // Allocated with access disabled for this thread; every other thread
