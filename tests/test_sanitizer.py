@@ -360,3 +360,85 @@ def test_factory_results_are_written():
 
     (r,) = race(program).reports
     assert r.previous.op == "aten::zeros_like" and r.previous.write and r.current.op == "aten::sum"
+
+
+@pytest.fixture
+def one_rank_group():
+    """A one-rank group of the neuron backend in this process: its collectives
+    run on the backend's communication stream as on any number of ranks."""
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    dist.init_process_group("neuron", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist
+    dist.destroy_process_group()
+
+
+def test_collective_read_before_its_wait_is_a_race(one_rank_group):
+    dist = one_rank_group
+    t = torch.ones(N, device="neuron")
+
+    def program():
+        dist.all_reduce(t, async_op=True)   # written on the communication stream
+        return t * 2                        # read on the default stream, not waited for
+
+    (r,) = race(program).reports
+    assert r.current.op == "aten::mul.Tensor" and not r.current.write
+    assert r.previous.op == "c10d::allreduce_" and r.previous.write and r.previous.names == ["tensors"]
+    assert r.previous.stream != r.current.stream
+
+
+def test_collective_input_written_before_its_wait_is_a_race(one_rank_group):
+    dist = one_rank_group
+    t = torch.ones(N, device="neuron")
+    out = [torch.empty(N, device="neuron")]
+
+    def program():
+        dist.all_gather(out, t, async_op=True)   # reads t on the communication stream
+        t.add_(1)                                # writes it on the default stream meanwhile
+
+    (r,) = race(program).reports
+    assert r.current.op == "aten::add_.Tensor" and r.current.write
+    assert r.previous.op == "c10d::allgather_" and not r.previous.write and r.previous.names == ["input_tensors"]
+
+
+@pytest.mark.parametrize("program", ["sync", "async_wait", "all_gather_reads", "reduce_scatter_tensor",
+                                     "functional", "broadcast_on_side_stream"])
+def test_collectives_ordered_by_their_waits_are_clean(one_rank_group, program):
+    dist = one_rank_group
+    from torch.distributed import _functional_collectives as funcol
+
+    def run():
+        t = torch.arange(2 * N, dtype=torch.float32, device="neuron")
+        if program == "sync":
+            dist.all_reduce(t)
+            return t * 2
+        if program == "async_wait":
+            dist.all_reduce(t, async_op=True).wait()
+            return t * 2
+        if program == "all_gather_reads":  # reading an input while the collective also reads it
+            out = [torch.empty_like(t)]
+            work = dist.all_gather(out, t, async_op=True)
+            u = t + 1
+            work.wait()
+            return out[0] * u
+        if program == "reduce_scatter_tensor":
+            out = torch.empty_like(t)
+            dist.reduce_scatter_tensor(out, t)
+            return out + t
+        if program == "functional":  # as DTensor calls them
+            return funcol.wait_tensor(funcol.all_reduce(t, "sum", dist.group.WORLD)) * 2
+        side = torch.neuron.Stream()  # as FSDP2 issues its collectives
+        side.wait_stream(torch.neuron.current_stream())
+        with torch.neuron.stream(side):
+            dist.broadcast(t, src=0)
+        torch.neuron.current_stream().wait_stream(side)
+        t.record_stream(side)
+        return t * 2
+
+    cpu = torch.arange(2 * N, dtype=torch.float32)
+    expected = {"sync": cpu * 2, "async_wait": cpu * 2, "all_gather_reads": cpu * (cpu + 1),
+                "reduce_scatter_tensor": cpu * 2, "functional": cpu * 2, "broadcast_on_side_stream": cpu * 2}
+    with stream_sanitizer() as san:
+        y = run()
+    assert san.reports == [], "\n".join(str(r) for r in san.reports)
+    assert torch.equal(y.cpu(), expected[program])

@@ -59,7 +59,7 @@ _aten = torch.ops.aten
 _gather = torch._C._profiler.gather_traceback
 
 # What the C++ log's kinds are (csrc/bridge/sanitizer.h: sanitizer::Kind).
-(_EVENT_RECORD, _EVENT_WAIT, _EVENT_SYNC, _EVENT_DESTROY, _STREAM_SYNC, _DEVICE_SYNC, _FREE) = range(7)
+(_EVENT_RECORD, _EVENT_WAIT, _EVENT_SYNC, _EVENT_DESTROY, _STREAM_SYNC, _DEVICE_SYNC, _FREE, _COLLECTIVE) = range(8)
 
 # Operators that only make storage, without running device work: their
 # results are registered (with this allocation site) but not accessed.
@@ -73,6 +73,13 @@ _FACTORY = re.compile(r"(new_.*|.*_like)")
 # value read, a blocking copy to the host, results whose sizes depend on data).
 _HOST_WAITS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2",
                          "aten::unique_dim", "aten::unique_consecutive", "aten::equal", "aten::is_nonzero"})
+# Collectives: c10d's operators (their schemas mark nothing as written) and
+# the functional ones DTensor and compiled code call. They run on the
+# backend's communication stream, after the caller's queued work; Work.wait()
+# orders the caller's stream after them (the backend logs both orders).
+_COLLECTIVE_NAMESPACES = ("c10d::", "_c10d_functional::")
+# Arguments of c10d's operators that a collective writes (`send` only reads its `tensors`).
+_COLLECTIVE_WRITES = frozenset({"tensors", "output_tensors", "output_tensor", "output"})
 # Records of freed memory kept at most (oldest dropped first), per sanitizer.
 _MAX_FREED = 20000
 
@@ -222,6 +229,7 @@ class StreamSanitizer:
         self.freed: list[_Access] = []  # accesses to memory freed since, oldest first
         self.reports: list[RaceReport] = []
         self._seen: set = set()  # (earlier access, op) pairs already reported
+        self.collective_stream = None  # the stream of the collective logged last
         self.lock = threading.RLock()
 
     # -- happens-before, from the C++ log ------------------------------------
@@ -249,6 +257,8 @@ class StreamSanitizer:
             elif kind == _STREAM_SYNC:
                 syncs.all_streams_wait_for_stream(_stream_key(device, stream))
                 synced = True
+            elif kind == _COLLECTIVE:
+                self.collective_stream = _stream_key(device, stream)
             elif kind == _DEVICE_SYNC:
                 for key in [k for k in syncs.current_sync_states if k >> 32 == device]:
                     syncs.all_streams_wait_for_stream(key)
@@ -425,6 +435,14 @@ class _Mode(TorchDispatchMode):
             return
         name = func._schema.name
         stream, others = _op_stream(found)
+        if name.startswith(_COLLECTIVE_NAMESPACES):
+            if self.sanitizer.collective_stream is None:  # not queued by the neuron backend
+                return
+            stream, others = self.sanitizer.collective_stream, ()
+            self.sanitizer.collective_stream = None
+            if name.startswith("c10d::") and name != "c10d::send":
+                for entry in found.values():
+                    entry[0] = entry[0] or any(n in _COLLECTIVE_WRITES for n in entry[2])
         op = str(args[1]) if name == "torchneuron::launch_python_task" else _op_name(func)  # nki::<kernel>
         self.sanitizer.launch(op, stream, found, others, allocation=name in _ALLOCATIONS,
                               host_waits=name in _HOST_WAITS)

@@ -11,6 +11,7 @@
 #include "../device_state.h"
 #include "../exec/host_views.h"
 #include "../memcheck.h"
+#include "../sanitizer.h"
 
 namespace torchneuron {
 
@@ -189,6 +190,7 @@ class NeuronWork final : public Work {
     if (auto error = state_->failure()) std::rethrow_exception(error);
     translate_errors([&] {
       rt::Stream& caller = current_runtime_stream(comm_.device_index());
+      sanitizer::log_order(comm_.device_index(), state_->stream->id(), caller.id(), state_.get());
       if (isCompleted()) return;
       if (state_->p2p) {
         caller.enqueue("c10d_wait", [state = state_] {
@@ -234,6 +236,7 @@ class NeuronWork final : public Work {
     const int64_t deadline = timeout == ::kNoTimeout ? rt::Stream::kNoDeadline
                                                           : rt::now_ns() + int64_t(timeout.count()) * 1000000;
     bool done = translate_errors([&] { return state_->stream->wait_until(state_->seq, deadline); });
+    if (done) sanitizer::log_order(comm_.device_index(), state_->stream->id(), -1, state_.get());
     if (auto inner = done && state_->p2p ? state_->issued() : nullptr) {
       const int64_t left_ms = (deadline - rt::now_ns()) / 1000000;
       done = timeout == ::kNoTimeout || left_ms > 0;
@@ -448,6 +451,9 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
         ready.block(on);
       }
     }
+    // For the stream sanitizer: the collective follows the caller's queued work, on `on`.
+    sanitizer::log_order(device, caller.id(), on.id(), state.get());
+    sanitizer::log(sanitizer::Kind::Collective, device, on.id());
     state->stream = &on;
     state->seq = on.enqueue(rt::TaskName(name), [state, gloo = gloo_, launch = std::move(launch), issue_now,
                                                   unissued = unissued_] {
