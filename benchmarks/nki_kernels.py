@@ -31,7 +31,7 @@ import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import torch_bridge
-from torchneuron.nki.jit import _single_threaded_blas
+from torchneuron.nki.jit import _limit_blas_to_one_thread
 
 from .common import CPU, NEURON, Config, median, timed
 
@@ -135,9 +135,9 @@ def _measure(kernel, numpy_fn, torch_fns, np_args, cfg: Config, bar) -> dict:
     kernel(*dev_args)
     r["neuron_replay_s"] = _samples(lambda: kernel(*dev_args), NEURON, reps)
     r["cache_info"] = {k: v for k, v in kernel.cache_info().items() if k != "unreplayable"}
-    with _single_threaded_blas():
-        numpy_fn(*np_args)
-        r["numpy_loop_nest_s"] = _samples(lambda: numpy_fn(*np_args), CPU, reps)
+    _limit_blas_to_one_thread()
+    numpy_fn(*np_args)
+    r["numpy_loop_nest_s"] = _samples(lambda: numpy_fn(*np_args), CPU, reps)
     cpu_args = [t.cpu() for t in dev_args]
     for name, fn in torch_fns.items():
         for dt, label in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):

@@ -11,7 +11,6 @@ argument is seen, so importing this package never imports torch.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import itertools
@@ -51,7 +50,7 @@ _blas_lock = threading.Lock()
 _blas_limited = False
 
 
-def _single_threaded_blas():
+def _limit_blas_to_one_thread():
     """BLAS on one thread from the first launch on, for the process: a tile
     GEMM (at most 128 x 128 x 512) is too small to pay for waking a thread pool
     per call, least of all on a busy host (parallelism belongs to the device's
@@ -70,7 +69,6 @@ def _single_threaded_blas():
                 except ImportError:  # optional: without it BLAS keeps its default threads
                     pass
                 _blas_limited = True
-    return contextlib.nullcontext()
 
 
 def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=None, debug=None,
@@ -117,20 +115,20 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     launch.profile = profile
     key = cache.key(grid, launch, args, kwargs) if cache is not None and cache.enabled() else None
     program = cache.lookup(key) if cache is not None else False
-    with _single_threaded_blas():
-        if program:
-            cache.count("replays")
-            launch.account_memory = False
-            result = program.replay(launch, inputs)
-        elif program is None:
-            cache.count("traces")
-            with Recorder(inputs) as rec:
-                result = _interpret(fn, launch, points, wargs, wkwargs, rec)
-            cache.store(key, rec.finish(result), rec.reason)
-        else:
-            if cache is not None:
-                cache.count("interpreted")
-            result = _interpret(fn, launch, points, wargs, wkwargs, None)
+    _limit_blas_to_one_thread()
+    if program:
+        cache.count("replays")
+        launch.account_memory = False
+        result = program.replay(launch, inputs)
+    elif program is None:
+        cache.count("traces")
+        with Recorder(inputs) as rec:
+            result = _interpret(fn, launch, points, wargs, wkwargs, rec)
+        cache.store(key, rec.finish(result), rec.reason)
+    else:
+        if cache is not None:
+            cache.count("interpreted")
+        result = _interpret(fn, launch, points, wargs, wkwargs, None)
     for orig, staged in copy_back:
         np.copyto(orig, staged)
     return _unwrap(result)
