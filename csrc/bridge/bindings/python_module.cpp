@@ -8,6 +8,7 @@
 #include "../allocator.h"
 #include "../compiled/python_tasks.h"
 #include "../device_state.h"
+#include "../exec/aten_meta.h"
 #include "../exec/fuser.h"
 #include "../exec/meta.h"
 #include "../exec/result_placement.h"
@@ -213,6 +214,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("get_fused_ops", &fused_ops);
   m.def("_fused_groups", &fused_groups);
   m.def("_meta_cache_entries", &meta_cache_entries);
+  m.def("_aten_meta_operators", &aten_meta_operators);
   m.def("_elided_intermediates", &elided_intermediates);
   m.def("_set_adaptive_eager", &set_adaptive_eager);
   m.def("_set_min_fusable_numel", &set_min_fusable_numel);

@@ -185,7 +185,8 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
   try {
     auto guard = below_autograd();
     if (policy.meta_check) policy.meta_check(meta);
-    op.callBoxed(&meta);
+    if (policy.aten_meta) policy.aten_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+    else op.callBoxed(&meta);
     result = std::make_shared<const MetaResult>(MetaResult{std::move(meta), std::move(meta_written)});
     if (cacheable) meta_cache_insert(std::move(sig), result);
     return MetaFailure::None;

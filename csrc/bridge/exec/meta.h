@@ -2,8 +2,9 @@
 // strides and dtypes by running the operator's meta kernel on meta views of
 // the arguments. Output metadata is a pure function of the operator and its
 // arguments' metadata, and training loops repeat the same calls every step,
-// so results are cached per signature: the meta kernel (often a slow Python
-// one) runs once and later calls cost a hash lookup.
+// so results are cached per signature: the meta kernel runs once and later
+// calls cost a hash lookup. Where PyTorch made an operator's Meta kernel a
+// Python one, the pass calls ATen's C++ meta kernel instead (aten_meta.h).
 #pragma once
 
 #include <ATen/Tensor.h>

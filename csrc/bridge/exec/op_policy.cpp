@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 
+#include "aten_meta.h"
 #include "call_verdicts.h"
 #include "result_placement.h"
 
@@ -211,6 +212,7 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
   p->has_meta_kernel = op.hasKernelForDispatchKey(c10::DispatchKey::Meta) ||
                        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) ||
                        op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional);
+  p->aten_meta = aten_meta_kernel(op);
   if (!(rule.traits & kNoOutVariant)) p->out_op = out_variant_of(op);
   if (!p->out_op) p->equivalent_out = equivalent_out_call(op);
   p->task_name = schema.name() + (schema.overload_name().empty() ? "" : "." + schema.overload_name());

@@ -72,6 +72,7 @@ struct OpPolicy {
   // of each argument signature (executor.cpp).
   bool verify_meta = false;
   bool has_meta_kernel = true;
+  const c10::KernelFunction* aten_meta = nullptr;  // ATen's C++ meta kernel, where Python took over Meta (aten_meta.h)
 
   // From the rule table.
   bool data_dependent = false;
