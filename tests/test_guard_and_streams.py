@@ -30,6 +30,7 @@ def _burst(n=6, size=1024):
     return a, outs, launched, t0
 
 
+@pytest.mark.differs_under("stream_sanitizer", "it adds host work to every launch, which this test times")
 def test_host_returns_before_device_finishes():
     a, outs, launched, t0 = _burst()
     assert not torch.neuron.current_stream().query()  # still running

@@ -30,11 +30,17 @@ def done(**extra):
 """
 
 
+def memcheck_env(mode: str, **extra) -> dict:
+    """The environment of a child that runs the memory checker alone: under the whole suite's stream
+    sanitizer, the seeded bugs would be reported by that sanitizer first."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHNEURON_STREAM_SANITIZER"}
+    return env | {"TORCHNEURON_MEMCHECK": mode, "PYTHONWARNINGS": "ignore", **extra}
+
+
 def run_child(body: str, mode: str = "warn") -> dict:
     with tempfile.NamedTemporaryFile("w", suffix="_memcheck_case.py", delete=False) as f:
         f.write(PRELUDE + textwrap.dedent(body))  # a file, so that reports show source lines
-    env = dict(os.environ, TORCHNEURON_MEMCHECK=mode, PYTHONWARNINGS="ignore",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env = memcheck_env(mode, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     try:
         p = subprocess.run([sys.executable, f.name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     finally:
@@ -281,7 +287,7 @@ CLEAN_FILES = ["tests/test_recurrent.py", "tests/test_sanitizer.py"]
 
 @pytest.mark.parametrize("path", CLEAN_FILES)
 def test_test_files_run_clean_under_the_checker(path):
-    env = dict(os.environ, TORCHNEURON_MEMCHECK="1", PYTHONWARNINGS="ignore")
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path], cwd=ROOT, env=env,
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path], cwd=ROOT,
+                       env=memcheck_env("1"),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]

@@ -17,6 +17,9 @@ from torchneuron.sanitizer import StreamRaceError, StreamRaceWarning, stream_san
 
 N = 1 << 12  # small enough for the lean path
 
+# Every test here turns a sanitizer on and off around its own program.
+pytestmark = pytest.mark.differs_under("stream_sanitizer", "each test runs its own sanitizer, and one is on already")
+
 
 def busy(stream):
     """Queues a long task on `stream`, so that what follows really overlaps."""
@@ -63,6 +66,25 @@ def test_two_streams_without_an_event():
     assert "aten::mul.Tensor reading argument 'self'" in text and "stream 0 of neuron:0 (the default stream)" in text
     assert "aten::ones writing its result" in text and "allocated as a (4096,) float32 result of aten::ones" in text
     assert "test_sanitizer.py" in text and "return a * 2" in text  # the Python stacks
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_nested_tensor_race_names_its_components():
+    s = torch.neuron.Stream()
+    parts = [torch.ones(2, 6), torch.ones(5, 6)]
+
+    def program(ordered: bool):
+        a = torch.nested.nested_tensor(parts, device="neuron") * 3   # written on the default stream
+        if ordered:
+            s.wait_stream(torch.neuron.current_stream())
+        with torch.neuron.stream(s):
+            return a.sin()                                            # read on s
+
+    (r,) = race(lambda: program(False)).reports
+    assert r.current.op == "aten::sin" and r.previous.op == "aten::mul.Tensor"
+    assert tuple(r.current.shape) == ((2, 6), (5, 6))
+    assert (r.current.lo - r.storage.base, r.current.hi - r.storage.base) == (0, 7 * 6 * 4)
+    clean(lambda: program(True))
 
 
 def test_write_after_read_on_another_stream():
@@ -192,6 +214,29 @@ def test_reuse_after_waiting_for_the_other_stream_is_clean():
         return y, torch.empty(N, device="neuron").fill_(5)
 
     clean(program)
+
+
+@pytest.mark.skipif(torch.neuron.device_count() < 2, reason="needs two neuron devices")
+def test_copy_between_devices_orders_both_streams():
+    """The copy waits for the source's stream and the source's stream for the copy (copy.cpp), so the
+    source freed and its memory reused on its device at once is clean; reading the copy on another
+    stream of the destination is not."""
+    s1 = torch.neuron.Stream(device="neuron:1")
+
+    def program(read_on_side: bool):
+        a = torch.ones(N, device="neuron:0")
+        b, ptr = a.to("neuron:1"), a.data_ptr()
+        del a
+        z = torch.full((N,), 5.0, device="neuron:0")      # a's block, on neuron:0's stream
+        assert z.data_ptr() == ptr
+        if not read_on_side:
+            return b, z
+        with torch.neuron.stream(s1):
+            return b + 1, z
+
+    clean(lambda: program(False))
+    (r,) = race(lambda: program(True)).reports
+    assert r.current.op == "aten::add.Tensor" and r.previous.op == "aten::_to_copy"
 
 
 def test_lean_path_and_fused_chains_are_seen():
@@ -335,6 +380,49 @@ def test_environment_variable(monkeypatch):
     finally:
         sanitizer.disable()
     assert sanitizer.active() is None
+
+
+# Test files run again under the whole-program sanitizer (the whole suite under it is docs/sanitizers.md's
+# command): nested tensors, streams and copies between devices, and the profiler's programs on a side stream.
+CLEAN_FILES = ["tests/test_nested.py", "tests/test_guard_and_streams.py", "tests/test_profiler.py"]
+
+
+@pytest.mark.parametrize("path", CLEAN_FILES)
+def test_test_files_run_clean_under_it(path):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TORCHNEURON_MEMCHECK"}  # this sanitizer alone
+    env |= {"TORCHNEURON_STREAM_SANITIZER": "1", "PYTHONWARNINGS": "ignore"}
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
+
+
+def test_efficient_zero_tensors_are_read_as_zeros():
+    """sgn's gradient is an efficient zero tensor, without storage; under a Python dispatch mode PyTorch
+    passes it to kernels that read its null data. The sanitizer hands them real zeros."""
+    x = torch.randn(5, 5, requires_grad=True)
+    (g,) = torch.autograd.grad((x.sgn() * torch.rand(5, 5)).sum(), x)
+    assert g._is_zerotensor()
+    with stream_sanitizer():
+        torch.testing.assert_close(torch.zeros(5, 5), g.detach())
+        assert torch.equal(torch.ops.aten.mul.Scalar(g, 2.0), torch.zeros(5, 5))
+
+
+def test_zero_tensor_crash_under_a_dispatch_mode_is_still_upstream():
+    """The crash the sanitizer works around (_materialize_zero_tensors): when this fails, PyTorch handles
+    zero tensors under a mode and the workaround can go."""
+    program = textwrap.dedent("""
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                return func(*args, **(kwargs or {}))
+        with Mode():
+            torch.ops.aten.mul.Scalar(torch._efficientzerotensor(5), 2.0)
+    """)
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    p = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -11, (p.returncode, p.stderr[-2000:])
 
 
 def test_tensors_without_elements_are_no_accesses():

@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+import torchneuron.sanitizer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
@@ -45,5 +47,8 @@ def test_opinfo_sweep():
     assert res["pass_rate"] >= baseline["min_pass_rate"], (
         f"pass rate {res['pass_rate']:.4f} below baseline {baseline['min_pass_rate']}; see {out_dir}/REPORT.md")
     if baseline.get("allowed_fallback_ops") is not None:
-        new = sorted(set(res["fallback_ops"]) - set(baseline["allowed_fallback_ops"]))
+        allowed = set(baseline["allowed_fallback_ops"])
+        if torchneuron.sanitizer.active():  # its dispatch mode changes ATen's path (baseline.json's note)
+            allowed |= set(baseline["allowed_fallback_ops_under_a_dispatch_mode"])
+        new = sorted(set(res["fallback_ops"]) - allowed)
         assert not new, f"operators fell back to synchronous execution: {new}"

@@ -1,6 +1,7 @@
 // torchneuron._C's part of the stream sanitizer (torchneuron/sanitizer.py):
 // its log of synchronisations and frees (../sanitizer.h), the current stream,
 // and where tensors lie in device memory.
+#include <ATen/NestedTensorImpl.h>
 #include <ATen/Tensor.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
@@ -26,17 +27,36 @@ void bind_sanitizer(py::module_& m) {
   m.def("_sanitizer_current_stream", [](int device) { return int(current_stream(device).id()); });
   // Where a neuron tensor's elements lie: (device, storage address, storage
   // bytes, first byte, end byte) with absolute addresses; None for a tensor
-  // elsewhere, without storage or without elements.
+  // elsewhere, without storage or without elements. A nested tensor's extent
+  // spans its components (each a strided view of the one buffer).
   m.def("_sanitizer_extent", [](const at::Tensor& t) -> py::object {
     if (!t.defined() || t.device().type() != kNeuron || !t.has_storage()) return py::none();
-    const int64_t n = t.numel();
     const auto base = reinterpret_cast<uintptr_t>(t.storage().data());
-    if (n == 0 || base == 0) return py::none();
-    int64_t last = 0;  // offset of the farthest element
-    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * std::abs(t.stride(d));
+    if (t.numel() == 0 || base == 0) return py::none();
     const auto item = static_cast<uintptr_t>(t.element_size());
-    const uintptr_t lo = base + static_cast<uintptr_t>(t.storage_offset()) * item;
-    return py::make_tuple(int(t.device().index()), base, t.storage().nbytes(), lo, lo + (last + 1) * item);
+    int64_t first = INT64_MAX, end = 0;  // in elements of the storage
+    auto cover = [&](int64_t offset, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+      int64_t last = offset;  // the farthest element
+      for (size_t d = 0; d < sizes.size(); ++d) {
+        if (sizes[d] == 0) return;
+        last += (sizes[d] - 1) * std::abs(strides[d]);
+      }
+      first = std::min(first, offset);
+      end = std::max(end, last + 1);
+    };
+    if (t.is_nested()) {
+      const auto* nt = at::native::get_nested_tensor_impl(t);
+      const at::Tensor &sizes = nt->get_nested_sizes(), &strides = nt->get_nested_strides();
+      const int64_t* offsets = nt->get_storage_offsets().const_data_ptr<int64_t>();
+      for (int64_t i = 0; i < sizes.size(0); ++i)
+        cover(offsets[i], c10::IntArrayRef(sizes[i].const_data_ptr<int64_t>(), sizes.size(1)),
+              c10::IntArrayRef(strides[i].const_data_ptr<int64_t>(), strides.size(1)));
+    } else {
+      cover(t.storage_offset(), t.sizes(), t.strides());
+    }
+    if (end == 0) return py::none();
+    return py::make_tuple(int(t.device().index()), base, t.storage().nbytes(), base + uintptr_t(first) * item,
+                          base + uintptr_t(end) * item);
   });
 }
 
