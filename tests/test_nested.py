@@ -1,6 +1,7 @@
 """Nested tensors on neuron against the CPU: the strided layout (torch.nested.nested_tensor's default),
 whose NestedTensorCPU kernels run on the neuron buffer, and the jagged layout, a Python subclass over
 dense neuron tensors. Values bit for bit (the same CPU kernels run), and the same errors."""
+import copy
 import warnings
 
 import pytest
@@ -75,3 +76,36 @@ def test_operator_without_a_nested_kernel_raises_not_implemented_as_on_the_cpu()
             _nt(d).cumsum(0)
     with pytest.raises(NotImplementedError, match="jagged"):
         _nt("neuron").cumsum(0)
+
+
+def test_nested_tensor_from_mask_matches_the_cpu_and_its_error():
+    x = torch.randn(2, 3, 4, generator=torch.Generator().manual_seed(2))
+    for keep, error in ((torch.tensor([[True, True, False], [True, True, True]]), None),
+                        (torch.tensor([[True, False, True], [True, True, True]]), "left-aligned")):
+        outcomes = []
+        for d in ("cpu", "neuron"):
+            try:
+                outcomes.append(_components(torch._nested_tensor_from_mask(x.to(d), keep.to(d))))
+            except RuntimeError as e:
+                outcomes.append(str(e))
+        if error:
+            assert outcomes[0] == outcomes[1] and error in outcomes[0]
+        else:
+            assert all(torch.equal(a, b) for a, b in zip(*outcomes, strict=True))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_fast_path_with_a_padding_mask_matches_the_cpu(norm_first):
+    """In eval under no_grad, nn.TransformerEncoder makes its input a nested tensor from the padding mask
+    and runs each layer's fast path (_transformer_encoder_layer_fwd) on it: bit for bit the CPU's."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=norm_first)
+    cpu = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    dev = copy.deepcopy(cpu).to("neuron")
+    x = torch.randn(3, 5, 8)
+    pad = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    with torch.no_grad():
+        want = cpu(x, src_key_padding_mask=pad)
+        for _ in range(2):  # the first call of a signature runs synchronously, later ones queue
+            got = dev(x.to("neuron"), src_key_padding_mask=pad.to("neuron"))
+            assert got.device.type == "neuron" and torch.equal(got.cpu(), want)

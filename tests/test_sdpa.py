@@ -1,6 +1,8 @@
 """Scaled dot-product attention on `neuron` chooses its kernel as the CPU does
 (csrc/bridge/ops/attention.cpp): results and gradients bit for bit the CPU's,
 and torch.nn.attention.sdpa_kernel is obeyed."""
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -90,6 +92,25 @@ def test_transformer_encoder_layer_trains_bitwise():
         m(inp).square().mean().backward()
     for (name, p), (_, q) in zip(cpu.named_parameters(), dev.named_parameters()):
         assert torch.equal(p.grad, q.grad.cpu()), name
+
+
+def test_self_attention_fast_path_in_eval_is_bitwise():
+    """In eval, nn.MultiheadAttention and nn.TransformerEncoderLayer take PyTorch's fast path
+    (_native_multi_head_attention, _transformer_encoder_layer_fwd), whose kernel projects q, k and v with
+    one matrix product when they are the same tensor: one device tensor passed as three arguments must be
+    one tensor to the kernel, on its first (synchronous) call and on later (queued) ones."""
+    torch.manual_seed(SEED)
+    layer = torch.nn.TransformerEncoderLayer(4, 2, 8, dropout=0.0, batch_first=True, dtype=torch.float64).eval()
+    mha = torch.nn.MultiheadAttention(4, 2, batch_first=True, dtype=torch.float64).eval()
+    x = torch.randn(2, 3, 4, dtype=torch.float64)
+    for module in (layer, mha):
+        dev = copy.deepcopy(module).to(DEV)
+        with torch.no_grad():
+            want = module(x) if module is layer else module(x, x, x, need_weights=False)[0]
+            for _ in range(3):
+                xd = x.to(DEV)
+                got = dev(xd) if module is layer else dev(xd, xd, xd, need_weights=False)[0]
+                assert torch.equal(got.cpu(), want), type(module).__name__
 
 
 @pytest.mark.parametrize("name", ["nn.functional.scaled_dot_product_attention",

@@ -53,11 +53,17 @@ c10::IValue task_arg(const c10::IValue& a, size_t i, const OpPolicy& policy, c10
 
 // What a queued task gets: host values now, device tensors as metadata only
 // (DeferredHostView: the task makes their views when it runs), whether they
-// are arguments of their own or elements of a Tensor[] / Tensor?[] list.
+// are arguments of their own or elements of a Tensor[] / Tensor?[] list. A
+// device tensor passed more than once gets one host view, as on the CPU the
+// kernel gets one tensor: kernels test arguments for identity
+// (_native_multi_head_attention projects q, k and v with one matrix product
+// when they are the same tensor, which rounds otherwise).
 struct TaskValues {
   struct Deferred {
     size_t index = 0;     // into values
     int64_t element = -1; // the list element it fills, or -1 for values[index] itself
+    int same_as = -1;     // an earlier entry for the same device tensor, whose view it shares
+    const c10::TensorImpl* device_tensor = nullptr;  // compared at the launch, never dereferenced
     DeferredHostView view;
   };
   std::vector<c10::IValue> values;
@@ -92,9 +98,12 @@ struct TaskValues {
     }
   }
   void make(bool resizable = false) {
+    c10::SmallVector<at::Tensor, 3> views;
     for (const auto& d : deferred) {
-      if (d.element < 0) values[d.index] = d.view.make(resizable);
-      else values[d.index].toList().set(d.element, d.view.make(resizable));
+      at::Tensor view = d.same_as >= 0 ? views[d.same_as] : d.view.make(resizable);
+      if (d.element < 0) values[d.index] = view;
+      else values[d.index].toList().set(d.element, view);
+      views.push_back(std::move(view));
     }
     deferred.clear();
   }
@@ -104,6 +113,13 @@ struct TaskValues {
     auto& d = deferred.emplace_back();  // in place: a DeferredHostView is large to move
     d.index = index;
     d.element = element;
+    d.device_tensor = device_tensor.unsafeGetTensorImpl();
+    d.same_as = -1;
+    for (size_t k = 0; k + 1 < deferred.size(); ++k)
+      if (deferred[k].device_tensor == d.device_tensor) {
+        d.same_as = static_cast<int>(k);
+        return;
+      }
     d.view.assign(device_tensor);
   }
 };
