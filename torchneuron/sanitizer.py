@@ -397,15 +397,16 @@ def _is_zero_tensor(a) -> bool:
     return isinstance(a, torch.Tensor) and a._is_zerotensor()
 
 
-def _materialize_zero_tensors(args: tuple) -> tuple:
+def _materialize_zero_tensors(args: tuple) -> tuple | None:
     """`args` with each efficient zero tensor (autograd's storage-less zero
     gradients, sgn's for one) replaced by real zeros. Under any Python
     dispatch mode, PyTorch 2.13 passes such a tensor on to kernels that read
     its null data: ``torch.ops.aten.mul.Scalar(torch._efficientzerotensor(5),
     2.0)`` in a mode ends the process (tests/test_sanitizer.py notices when
-    that is fixed). The values are the same; the result is not a zero tensor."""
+    that is fixed). The values are the same; the result is not a zero tensor.
+    None when there is none (the common case: nothing is rebuilt)."""
     if not any(_is_zero_tensor(a) or (isinstance(a, (list, tuple)) and any(map(_is_zero_tensor, a))) for a in args):
-        return args
+        return None
 
     def real(a):
         return torch.zeros(a.shape, dtype=a.dtype, device=a.device) if _is_zero_tensor(a) else a
@@ -435,8 +436,9 @@ class _Mode(TorchDispatchMode):
             # record_stream: the allocator reports it with the free;
             # compiled kernels were reported by the launcher, precisely.
             return func(*args, **kwargs)
-        args = _materialize_zero_tensors(args)
-        kwargs = dict(zip(kwargs, _materialize_zero_tensors(tuple(kwargs.values()))))
+        args = _materialize_zero_tensors(args) or args
+        if kwargs and (values := _materialize_zero_tensors(tuple(kwargs.values()))) is not None:
+            kwargs = dict(zip(kwargs, values))
         san = self.sanitizer
         factory = bool(_FACTORY.match(name.split("::")[-1]))
         handler = _Arguments()
