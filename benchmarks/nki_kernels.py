@@ -14,9 +14,11 @@ Per kernel:
   here in plain NumPy.  It does what the emulator does minus the NKI
   machinery (tiles, buffers, checks), so "emulator / NumPy" is the cost of
   that machinery.
-The emulator runs its tile GEMMs on one BLAS thread (a pool that wakes up
-per tile GEMM is slower, more so on a busy host); the NumPy loop nest gets the
-same setting so that only the machinery differs.  PyTorch uses its intra-op
+The emulator runs its tile GEMMs on one thread (a pool that wakes up per tile
+GEMM is slower, more so on a busy host): bfloat16 tiles on the host's matrix
+unit (AMX) where it has one, others on one BLAS thread. The NumPy loop nest
+gets the same BLAS setting and does every tile GEMM in float32, so where the
+host has AMX the emulator can be faster than it.  PyTorch uses its intra-op
 pool.
 """
 
@@ -30,7 +32,7 @@ import torch.nn.functional as F
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
-from torchneuron.nki import torch_bridge
+from torchneuron.nki import ops as nki_ops, torch_bridge
 from torchneuron.nki.jit import _limit_blas_to_one_thread
 
 from .common import CPU, NEURON, Config, median, timed
@@ -174,4 +176,6 @@ def run(cfg: Config, bar) -> dict:
     sdpa = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)}
     out["attention"] = _measure(attention_kernel, attention_numpy, sdpa, [q, k, v], cfg, bar)
     out["attention"]["shape"] = f"{heads} heads x {seq} tokens x d={d} bf16, causal"
+    for r in out.values():
+        r["bf16_tile_gemm"] = "AMX" if nki_ops.BF16_TILE_GEMM else "float32 BLAS"
     return out

@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/run.py                  # full run (~10 min)
     .venv/bin/python benchmarks/run.py --smoke          # seconds, tiny sizes
     .venv/bin/python benchmarks/run.py --only tiny_ops  # one group (limits always run)
+    .venv/bin/python benchmarks/run.py --only nki_kernels --merge  # rerun one group into the results
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ def main(argv=None) -> dict:
                    help="run only this group (repeatable); the machine limits always run")
     p.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)),
                    help="directory for RESULTS.md, results.json and the plots")
+    p.add_argument("--merge", action="store_true",
+                   help="with --only: replace those groups in OUT/results.json and keep the others "
+                        "(the report names the groups rerun, with their date and load)")
     p.add_argument("--from-json", action="store_true",
                    help="only re-render RESULTS.md and the plots from OUT/results.json")
     args = p.parse_args(argv)
@@ -67,12 +71,29 @@ def main(argv=None) -> dict:
             results["group_elapsed_s"][name] = time.perf_counter() - t
     results["elapsed_s"] = time.perf_counter() - t0
     results["loadavg_end"] = list(os.getloadavg())
+    if args.merge:
+        results = _merged(os.path.join(args.out, "results.json"), results, selected)
     results["targets"] = report.targets(results)
 
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     write_report(results, args.out)
     print(f"wrote {args.out}/results.json in {results['elapsed_s']:.0f} s")
+    return results
+
+
+def _merged(path: str, new: dict, groups: list[str]) -> dict:
+    """The results in ``path`` with ``groups`` replaced by ``new``'s (and the machine
+    limits, with the large operators that are read against them)."""
+    with open(path) as f:
+        results = json.load(f)
+    extra = ["limits", "large_ops_avx2"] if "large_ops" in groups else []
+    for g in [*groups, *extra]:
+        results[g] = new[g]
+        results["group_elapsed_s"][g] = new["group_elapsed_s"].get(g)
+    rerun = results.setdefault("rerun", [])
+    rerun.append({"groups": groups, "date": new["machine"]["date"], "loadavg_start": new["machine"]["loadavg_start"],
+                  "loadavg_end": new["loadavg_end"], "cpu_model": new["machine"]["cpu_model"]})
     return results
 
 

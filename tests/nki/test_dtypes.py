@@ -16,6 +16,27 @@ def test_bf16_round_to_nearest_even():
     np.testing.assert_array_equal(r, [1.0, 1 + 2 ** -6, 1 + 2 ** -7])
 
 
+def test_bf16_rounding_gives_ml_dtypes_bits_for_every_kind_of_float32():
+    """from_compute's own loop (torchneuron._C) against ml_dtypes' cast: random bit
+    patterns, every NaN payload class of both signs, infinities, subnormals, ties,
+    overflow, and a strided array (which takes the cast itself)."""
+    rng = np.random.default_rng(7)
+    special = [0, 0x80000000, 0x7F800000, 0xFF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x7F7F7FFF,
+               0x00008000, 0x00018000, 0x00000001, 0x807FFFFF, 0x3F808000, 0x3F818000, 0x3F807FFF]
+    bits = np.concatenate([rng.integers(0, 2 ** 32, 1_000_000, dtype=np.uint64).astype(np.uint32),
+                           np.array(special, np.uint32),
+                           np.arange(0x7F800001, 0x7F800001 + 40000, 97, dtype=np.uint32),
+                           np.arange(0xFF800001, 0xFFFFFFFF, 4099, dtype=np.uint32)])
+    x = bits.view(np.float32)
+    with np.errstate(invalid="ignore"):
+        want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+        assert dtypes._ROUND_TO_BF16 is not None
+        assert np.array_equal(dtypes.from_compute(x, nl.bfloat16).view(np.uint16), want)
+        strided = x.reshape(-1, 5)[:, ::2]
+        assert np.array_equal(dtypes.from_compute(strided, nl.bfloat16).view(np.uint16),
+                              strided.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
 def test_tf32_rounding():
     x = np.array([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -11 + 2 ** -20, np.inf], np.float32)
     r = dtypes.from_compute(x, nl.tfloat32)

@@ -130,3 +130,93 @@ def test_concurrent_launches_keep_blas_single_threaded(rng):
         outs = list(pool.map(lambda _: (matmul_beta1(a, b), blas_threads()), range(6)))
     assert all(np.array_equal(out, want) and threads == {1} for out, threads in outs)
     assert blas_threads() == {1}
+
+
+# -- bfloat16 tiles on the host's matrix unit (torchneuron/nki/ops.py: tile_gemm) --------
+
+from torchneuron.nki import ops  # noqa: E402
+
+needs_matrix_unit = pytest.mark.skipif(not ops.BF16_TILE_GEMM, reason="the host has no bfloat16 matrix unit (AMX), "
+                                       "or TORCHNEURON_NKI_BF16_GEMM=0: every tile takes the float32 BLAS GEMM")
+
+
+def _bf16(rng, shape):
+    return rng.standard_normal(shape).astype(nl.bfloat16)
+
+
+@needs_matrix_unit
+@pytest.mark.parametrize("k,m,n", [(2, 1, 1), (64, 16, 100), (128, 128, 512), (128, 7, 64), (32, 128, 300)])
+def test_bf16_tile_gemm_is_a_float32_accumulation(rng, k, m, n):
+    # strided views, as tiles loaded straight from HBM are
+    s = _bf16(rng, (k, m + 3))[:, 1:m + 1]
+    mv = _bf16(rng, (k, 2 * n))[:, ::2].copy()[:, :n]
+    got = ops.tile_gemm(s, mv)
+    products = s.astype(np.float64)[:, :, None] * mv.astype(np.float64)[:, None, :]
+    exact = products.sum(axis=0)
+    # |float32 sum - exact| <= K u sum|products|, products being exact
+    bound = k * np.finfo(np.float32).eps / 2 * np.abs(products).sum(axis=0)
+    assert got.dtype == np.float32 and got.shape == (m, n)
+    assert np.all(np.abs(got - exact) <= bound)
+    blas = np.matmul(s.astype(np.float32).T, mv.astype(np.float32))
+    assert np.all(np.abs(got - blas) <= 2 * bound)
+
+
+@needs_matrix_unit
+def test_bf16_tile_gemm_accumulates_its_rounded_sum(rng):
+    s, mv = _bf16(rng, (128, 128)), _bf16(rng, (128, 512))
+    psum = rng.standard_normal((128, 512)).astype(np.float32)
+    want = psum + ops.tile_gemm(s, mv)
+    assert ops.tile_gemm(s, mv, psum) is psum
+    assert np.array_equal(psum, want)
+
+
+@needs_matrix_unit
+def test_bf16_tile_gemm_treats_subnormals_as_zero():
+    # documented in docs/nki.md: AMX flushes subnormal inputs and sums
+    tiny = np.full((2, 1), 2.0 ** -70, np.float32).astype(nl.bfloat16)
+    assert ops.tile_gemm(tiny, tiny)[0, 0] == 0
+    assert np.matmul(tiny.astype(np.float32).T, tiny.astype(np.float32))[0, 0] > 0
+
+
+def test_bf16_tile_gemm_binding_rejects_bad_arrays():
+    from torchneuron import _C
+    if not _C._nki_tile_gemm_bf16_available():
+        pytest.skip("the host has no bfloat16 matrix unit (AMX)")
+    s, mv = np.zeros((4, 8), np.uint16), np.zeros((4, 16), np.uint16)
+    with pytest.raises(RuntimeError, match="do not match"):
+        _C._nki_tile_gemm_bf16(s, mv, np.zeros((8, 15), np.float32), False)
+    with pytest.raises(RuntimeError, match="outside the matrix unit's shapes"):
+        _C._nki_tile_gemm_bf16(s[:3], mv[:3], np.zeros((8, 16), np.float32), False)
+    with pytest.raises(RuntimeError, match="contiguous rows"):
+        _C._nki_tile_gemm_bf16(s[:, ::2], mv, np.zeros((4, 16), np.float32), False)
+    with pytest.raises(TypeError):
+        _C._nki_tile_gemm_bf16(s, mv, [[0.0] * 16] * 8, False)
+
+
+@nki.jit
+def matmul_isa_accumulate(lhsT, rhs):
+    """``psum += nisa.nc_matmul(a, b)``: the lowering computes each product into PSUM."""
+    k_dim, m_dim = lhsT.shape
+    n_dim = rhs.shape[1]
+    result = nl.ndarray((m_dim, n_dim), dtype=nl.float32, buffer=nl.shared_hbm)
+    for m in nl.affine_range(m_dim // 128):
+        acc = nl.zeros((128, n_dim), nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(k_dim // 128):
+            acc += nisa.nc_matmul(nl.load(lhsT[k * 128:(k + 1) * 128, m * 128:(m + 1) * 128]),
+                                  nl.load(rhs[k * 128:(k + 1) * 128, :]))
+        nl.store(result[m * 128:(m + 1) * 128, :], value=nl.copy(acc))
+    return result
+
+
+def test_bf16_matmul_replays_bit_for_bit_from_several_threads(rng):
+    import concurrent.futures
+    lhsT, rhs = _bf16(rng, (384, 256)), _bf16(rng, (384, 512))
+    interpreted = nki.jit(matmul_isa_accumulate.fn, trace_cache=False)(lhsT, rhs)
+    kernel = nki.jit(matmul_isa_accumulate.fn)
+    replays = [kernel(lhsT, rhs) for _ in range(3)]
+    assert kernel.cache_info()["lowered"] == 1
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        replays += list(pool.map(lambda _: kernel(lhsT, rhs), range(6)))
+    assert all(np.array_equal(r, interpreted) for r in replays)
+    exact = lhsT.astype(np.float64).T @ rhs.astype(np.float64)
+    np.testing.assert_allclose(interpreted, exact, rtol=1e-5, atol=1e-4)

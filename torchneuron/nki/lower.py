@@ -283,6 +283,22 @@ class Lowerer:
             return (lambda V, X: V[v]), dtype, True
         return (lambda V, X: V[v].astype(F32)), dtype, False
 
+    def gemm_operand(self, view):
+        """Tensor Engine read (``ops._gemm_operand``): a getter g(V, X) of the tile's
+        bfloat16 storage where that is its value, else of its float32 values."""
+        s = view.slot
+        if not (_ops.BF16_TILE_GEMM and self.on_chip(view) and self.meta[s][3] == _dt.bfloat16
+                and not (view.kind == _WHOLE and self.exact.get(s))):
+            return self.value(view, shared=True)[0]
+        f = self.fwd.get(s) if view.kind == _WHOLE else None
+        if f is not None and not f[3]:
+            # a loaded tile's first engine read takes the loaded region itself
+            f[3] = True
+            src = f[0]
+            return lambda V, X: V[src]
+        g = self.raw(view)
+        return lambda V, X: g(V)
+
     def operand(self, x):
         """``ops.operand``: (getter, dtype or None, static shape)."""
         if isinstance(x, View):
@@ -706,11 +722,27 @@ def _update(lw, step):
         raise Decline("update target")
     if isinstance(other, View) and other.mask is not None:
         raise Decline("mask")
-    g, _, so = lw.operand(other)
     tshape = tuple(lw.shape(target))
-    align = bool(so) and tuple(so) != tshape
     _, dt, _, st = lw.meta[target.slot]
-    if isinstance(f, np.ufunc) and dt is not _dt.tfloat32 and dt == F32 and target.kind != _GATHER:
+    in_place = isinstance(f, np.ufunc) and dt is not _dt.tfloat32 and dt == F32 and target.kind != _GATHER
+    p = lw.product
+    if (in_place and f is np.add and p is not None and p[0] == lw.step_index - 1 and isinstance(other, View)
+            and other.kind == _WHOLE and other.slot == p[1] and other.slot in step.frees and lw.exact.get(other.slot)
+            and not lw.cur[other.slot].store and len(tshape) == 2 and tuple(lw.meta[other.slot][0]) == tshape):
+        # ``psum += nc_matmul(a, b)`` whose product nothing else reads: the GEMM adds
+        # its (rounded) sum into the PSUM tile, as np.add of the product would
+        p[2][0] = True
+        gemm, held = _ops.tile_gemm, other.slot
+        t = lw.vid(target)
+        lw._touch_storage(target.slot)
+        lw.written(target)
+
+        def op(V, X, L):
+            gemm(*X[held], V[t])
+        return op
+    g, _, so = lw.operand(other)
+    align = bool(so) and tuple(so) != tshape
+    if in_place:
         # update_in_place: straight into float32 storage
         t = lw.vid(target)
         lw._touch_storage(target.slot)
@@ -767,26 +799,37 @@ for _f in vars(_nl).values():
 
 
 # ------------------------------------------------------------------ isa
-def _matmul_getter(gs, gm):
-    matmul = np.matmul
-
-    def mm(V, X):
+def _matmul_operands(gs, gm):
+    """Getter of a matmul's (stationary, moving) as 2-D arrays, for ``ops.tile_gemm``."""
+    def operands(V, X):
         s, m = gs(V, X), gm(V, X)
-        return matmul(s.reshape(s.shape[0], -1).T, m.reshape(m.shape[0], -1), dtype=F32)
-    return mm
+        return s.reshape(s.shape[0], -1), m.reshape(m.shape[0], -1)
+    return operands
+
+
+def _matmul_getter(gs, gm):
+    gemm, operands = _ops.tile_gemm, _matmul_operands(gs, gm)
+    return lambda V, X: gemm(*operands(V, X))
 
 
 @lowering(_isa.nc_matmul)
 def _nc_matmul(lw, step):
     dst, kw = _style(step, [("stationary", "T"), ("moving", "T")])
-    gs, _, _ = lw.value(kw["stationary"], shared=True)
-    gm, _, _ = lw.value(kw["moving"], shared=True)
+    gs, gm = lw.gemm_operand(kw["stationary"]), lw.gemm_operand(kw["moving"])
     mm = _matmul_getter(gs, gm)
     if dst is None:
         put = lw.produce(step)
+        # taken[0] is set if the next step, ``psum += <this product>``, computes it into
+        # the PSUM tile (_update); this step then only hands it the operands (in the
+        # product's slot, per launch), which this step's frees may release
+        slot, operands, taken = _single_bind(step), _matmul_operands(gs, gm), [False]
+        lw.product = (lw.step_index, slot, taken)
 
         def op(V, X, L):
-            put(V, X, mm(V, X))
+            if taken[0]:
+                X[slot] = operands(V, X)
+            else:
+                put(V, X, mm(V, X))
         return op
     if lw.meta[dst.slot][2] is not Buffer.psum:
         raise Decline("nc_matmul dst")
@@ -835,15 +878,15 @@ def _nl_matmul(lw, step):
     x, y = a["x"], a["y"]
     if not isinstance(x, View) or not isinstance(y, View):
         raise Decline("matmul operands")
-    gx, _, _ = lw.value(x)
-    if not a["transpose_x"]:
+    if a["transpose_x"]:
+        gx = lw.gemm_operand(x)
+    else:
         # nl.transpose(x): a result tile of its own in the interpreter, read back exactly
-        g0 = gx
+        g0, _, _ = lw.value(x)
 
         def gx(V, X):
             return np.ascontiguousarray(g0(V, X).T)
-    gy, _, _ = lw.value(y)
-    mm = _matmul_getter(gx, gy)
+    mm = _matmul_getter(gx, lw.gemm_operand(y))
     put = lw.produce(step)
 
     def op(V, X, L):
@@ -1113,7 +1156,8 @@ def lower(program, slot_meta, debug):
     instances, locations = [], []
     for _, steps in program.instances:
         ops, locs = [], []
-        for step in steps:
+        lw.product = None  # (step index, slot, taken) of the last nc_matmul without dst
+        for lw.step_index, step in enumerate(steps):
             g = _LOWERINGS.get(step.fn)
             if g is None:
                 raise Decline(f"instruction {getattr(step.fn, '__name__', step.fn)}")

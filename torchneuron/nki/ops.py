@@ -7,6 +7,8 @@ be given as nki.language functions or as NumPy ufuncs (``op=np.add``).
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from . import dtypes as _dt
@@ -281,14 +283,14 @@ def matmul_values(stationary: NkiTensor, moving: NkiTensor, what="nc_matmul", re
             raise NKITypeError(f"{what}: {name} must be an on-chip tile, got {t!r}")
         if require_sbuf and t.buffer is not Buffer.sbuf:
             raise NKITypeError(f"{what}: {name} must be in SBUF (the Tensor Engine reads SBUF), got {t.buffer.value}")
-    s = stationary.compute_values(None, what)
-    m = moving.compute_values(None, what)
-    s2 = s.reshape(s.shape[0], -1)
-    m2 = m.reshape(m.shape[0], -1)
+    s2 = _gemm_operand(stationary, what)
+    m2 = _gemm_operand(moving, what)
+    s2 = s2.reshape(s2.shape[0], -1)
+    m2 = m2.reshape(m2.shape[0], -1)
     k = s2.shape[0]
     if k != m2.shape[0]:
-        raise NKITypeError(f"{what}: contraction (partition) sizes differ: stationary {tuple(s.shape)}, "
-                           f"moving {tuple(m.shape)}")
+        raise NKITypeError(f"{what}: contraction (partition) sizes differ: stationary {tuple(stationary.shape)}, "
+                           f"moving {tuple(moving.shape)}")
     if k > TileSize.pmax:
         raise NKILimitError("nl.tile_size.pmax", k, TileSize.pmax, f"{what} contraction (partition) size")
     if s2.shape[1] > TileSize.gemm_stationary_fmax:
@@ -297,6 +299,60 @@ def matmul_values(stationary: NkiTensor, moving: NkiTensor, what="nc_matmul", re
     if m2.shape[1] > TileSize.gemm_moving_fmax:
         raise NKILimitError("nl.tile_size.gemm_moving_fmax", m2.shape[1], TileSize.gemm_moving_fmax,
                             f"{what} moving free size")
-    # float32 GEMM: products of (b)f16/fp8 inputs are exact in float32 and the
-    # sums accumulate in float32, as in the PE array.
-    return np.matmul(s2.T, m2, dtype=F32)
+    return tile_gemm(s2, m2)
+
+
+def _gemm_operand(t: NkiTensor, what):
+    """What the Tensor Engine reads of ``t``: its bfloat16 storage where that is
+    its value (``tile_gemm`` then multiplies it as it is), else its float32 values."""
+    if BF16_TILE_GEMM and t.dtype == _dt.bfloat16:
+        t.check_bounds(None, what)
+        if t.exact_values() is None:
+            return t.read()
+    return t.compute_values(None, what)
+
+
+def _bf16_tile_gemm():
+    """torchneuron._C's bfloat16 tile GEMM, or None: no matrix unit on this host,
+    TORCHNEURON_NKI_BF16_GEMM=0 (a float32 BLAS GEMM for every tile), or the
+    emulator without the extension."""
+    if os.environ.get("TORCHNEURON_NKI_BF16_GEMM", "1") == "0":
+        return None
+    try:
+        from .. import _C
+    except ImportError:
+        return None
+    return _C._nki_tile_gemm_bf16 if _C._nki_tile_gemm_bf16_available() else None
+
+
+_BF16_GEMM = _bf16_tile_gemm()
+BF16_TILE_GEMM = _BF16_GEMM is not None
+
+
+def tile_gemm(s: np.ndarray, m: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """``s.T @ m`` in float32 for 2-D tiles ``s`` (K x M) and ``m`` (K x N); with
+    ``out`` (float32, M x N), ``out += s.T @ m`` (the sum rounded, then added).
+
+    Products of bfloat16, float16 and fp8 values are exact in float32 and the
+    sums accumulate in float32, as in the PE array. Two bfloat16 operands go to
+    the host's bfloat16 matrix unit where it has one (csrc/bridge/kernels/tile_gemm.h),
+    anything else to a float32 BLAS GEMM; the two sum in different orders."""
+    k = s.shape[0]
+    if (BF16_TILE_GEMM and s.dtype == _dt.bfloat16 and m.dtype == _dt.bfloat16 and k % 2 == 0 and k
+            and s.shape[1] and m.shape[1] and s.strides[1] == 2 and m.strides[1] == 2
+            and (out is None or out.strides[1] == 4)):
+        if out is None:
+            r = np.empty((s.shape[1], m.shape[1]), F32)
+            _BF16_GEMM(s, m, r, False)
+            return r
+        _BF16_GEMM(s, m, out, True)
+        return out
+    if s.dtype != F32:
+        s = s.astype(F32)
+    if m.dtype != F32:
+        m = m.astype(F32)
+    r = np.matmul(s.T, m, dtype=F32)
+    if out is None:
+        return r
+    with np.errstate(all="ignore"):
+        return np.add(out, r, out=out)

@@ -17,5 +17,7 @@ void bind_sharing(pybind11::module_& m);
 void bind_sanitizer(pybind11::module_& m);
 // The device memory checker's reports (memcheck_bindings.cpp).
 void bind_memcheck(pybind11::module_& m);
+// The NKI emulator's host loops (nki_bindings.cpp).
+void bind_nki(pybind11::module_& m);
 
 } // namespace torchneuron

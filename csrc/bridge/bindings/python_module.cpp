@@ -259,4 +259,5 @@ PYBIND11_MODULE(_C, m) {
   bind_sharing(m);
   bind_sanitizer(m);
   bind_memcheck(m);
+  bind_nki(m);
 }

@@ -1,0 +1,58 @@
+// torchneuron._C's part of the NKI emulator (torchneuron/nki/): the loops of
+// ../kernels/nki_host.h on NumPy arrays. torchneuron.nki.ops.tile_gemm decides
+// which tiles go to the bfloat16 GEMM, torchneuron.nki.dtypes.from_compute
+// which arrays are rounded here.
+#include <torch/csrc/utils/pybind.h>
+#include <pybind11/numpy.h>
+
+#include <type_traits>
+
+#include "../kernels/nki_host.h"
+#include "bindings.h"
+
+namespace py = pybind11;
+
+namespace torchneuron {
+namespace {
+
+// A 2-D array of `itemsize`-byte elements whose rows are contiguous.
+template <typename T>
+nki_host::Matrix<T> matrix(const py::array& x, const char* name) {
+  TORCH_CHECK(x.ndim() == 2 && x.itemsize() == sizeof(T) && x.strides(1) == sizeof(T) &&
+                  x.strides(0) % static_cast<py::ssize_t>(sizeof(T)) == 0,
+              "_nki_tile_gemm_bf16: ", name, " must be a 2-D array of ", sizeof(T),
+              "-byte elements with contiguous rows");
+  void* data = const_cast<void*>(x.data());
+  if constexpr (!std::is_const_v<T>) {
+    TORCH_CHECK(x.writeable(), "_nki_tile_gemm_bf16: ", name, " must be writeable");
+  }
+  return {static_cast<T*>(data), x.shape(0), x.shape(1), x.strides(0) / static_cast<py::ssize_t>(sizeof(T))};
+}
+
+} // namespace
+
+void bind_nki(py::module_& m) {
+  m.def("_nki_tile_gemm_bf16_available", &nki_host::bf16_gemm_available);
+  // (stationary bf16 K x M, moving bf16 K x N, out float32 M x N, accumulate)
+  m.def("_nki_tile_gemm_bf16", [](const py::array& stationary, const py::array& moving, py::array& out,
+                                  bool accumulate) {
+    auto s = matrix<const uint16_t>(stationary, "stationary");
+    auto mv = matrix<const uint16_t>(moving, "moving");
+    auto o = matrix<float>(out, "out");
+    py::gil_scoped_release no_gil;
+    nki_host::bf16_gemm(s, mv, o, accumulate);
+  }, py::arg("stationary").noconvert(), py::arg("moving").noconvert(), py::arg("out").noconvert(), py::arg("accumulate"));
+  // (src float32, dst bfloat16 of the same shape, both C-contiguous)
+  m.def("_nki_round_to_bf16", [](const py::array& src, py::array& dst) {
+    TORCH_CHECK(src.itemsize() == 4 && dst.itemsize() == 2 && src.size() == dst.size() &&
+                    (src.flags() & py::array::c_style) && (dst.flags() & py::array::c_style) && dst.writeable(),
+                "_nki_round_to_bf16: a C-contiguous float32 array and a writeable bfloat16 one of its size");
+    const auto* s = static_cast<const float*>(src.data());
+    auto* d = static_cast<uint16_t*>(dst.mutable_data());
+    const int64_t n = src.size();
+    py::gil_scoped_release no_gil;
+    nki_host::round_to_bf16(s, d, n);
+  }, py::arg("src").noconvert(), py::arg("dst").noconvert());
+}
+
+} // namespace torchneuron
