@@ -816,21 +816,9 @@ def _matmul_getter(gs, gm):
 def _nc_matmul(lw, step):
     dst, kw = _style(step, [("stationary", "T"), ("moving", "T")])
     gs, gm = lw.gemm_operand(kw["stationary"]), lw.gemm_operand(kw["moving"])
-    mm = _matmul_getter(gs, gm)
     if dst is None:
-        put = lw.produce(step)
-        # taken[0] is set if the next step, ``psum += <this product>``, computes it into
-        # the PSUM tile (_update); this step then only hands it the operands (in the
-        # product's slot, per launch), which this step's frees may release
-        slot, operands, taken = _single_bind(step), _matmul_operands(gs, gm), [False]
-        lw.product = (lw.step_index, slot, taken)
-
-        def op(V, X, L):
-            if taken[0]:
-                X[slot] = operands(V, X)
-            else:
-                put(V, X, mm(V, X))
-        return op
+        return _product(lw, step, gs, gm)
+    mm = _matmul_getter(gs, gm)
     if lw.meta[dst.slot][2] is not Buffer.psum:
         raise Decline("nc_matmul dst")
     shape = tuple(lw.shape(dst))
@@ -886,11 +874,23 @@ def _nl_matmul(lw, step):
 
         def gx(V, X):
             return np.ascontiguousarray(g0(V, X).T)
-    mm = _matmul_getter(gx, lw.gemm_operand(y))
-    put = lw.produce(step)
+    return _product(lw, step, gx, lw.gemm_operand(y))
+
+
+def _product(lw, step, gs, gm):
+    """A matmul whose result is a new PSUM tile. If the next step is ``psum += <it>``,
+    that step computes the product into its PSUM tile (``_update`` sets ``taken``)
+    and this one only hands it the operands, in the product's slot (per launch):
+    this step's frees may release them."""
+    put, mm = lw.produce(step), _matmul_getter(gs, gm)
+    slot, operands, taken = _single_bind(step), _matmul_operands(gs, gm), [False]
+    lw.product = (lw.step_index, slot, taken)
 
     def op(V, X, L):
-        put(V, X, mm(V, X))
+        if taken[0]:
+            X[slot] = operands(V, X)
+        else:
+            put(V, X, mm(V, X))
     return op
 
 
