@@ -169,7 +169,10 @@ def _interrupt(body, env=None):
     inside `body`, and returns (the monotonic time SIGINT was sent, seconds
     from then to exit, returncode, stdout, stderr). CLOCK_MONOTONIC is one
     clock for every process of the machine."""
-    code = textwrap.dedent(LONG_QUEUE) + textwrap.dedent(body)
+    # Python's own SIGINT handler, as a program started from a terminal has: a child of
+    # a pytest started in the background (`cmd &` without job control) inherits SIG_IGN
+    restore = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+    code = restore + textwrap.dedent(LONG_QUEUE) + textwrap.dedent(body)
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, cwd=ROOT, env=env)
     try:

@@ -617,6 +617,7 @@ def write_report(res: ModuleSweepResult, directory: str):
         notes=[dict(module=m, note=n, samples=k) for (m, n), k in sorted(res.notes.items())],
         fallback_ops=res.fallback_ops,
     )
+    os.makedirs(directory, exist_ok=True)  # OPINFO_REPORT_DIR / MODULEINFO_REPORT_DIR may be new
     with open(os.path.join(directory, "results.json"), "w") as f:
         json.dump(data, f, indent=1)
 

@@ -611,6 +611,7 @@ def write_report(res: SweepResult, directory: str):
         failures=res.failures, skips=res.skips, shape_only_ops=res.shape_only,
         fallback_ops=res.fallback_ops,
     )
+    os.makedirs(directory, exist_ok=True)  # OPINFO_REPORT_DIR / MODULEINFO_REPORT_DIR may be new
     with open(os.path.join(directory, "results.json"), "w") as f:
         json.dump(data, f, indent=1, sort_keys=False)
 
