@@ -27,7 +27,6 @@ void bf16_gemm(Matrix<const uint16_t> stationary, Matrix<const uint16_t> moving,
   // buffers are per thread: launches run on several threads.
   constexpr int64_t kBlock = 64, kTile = 16;
   thread_local std::vector<c10::BFloat16> a, b;
-  thread_local std::vector<float> sum;
   a.resize(M * K);
   b.resize(K * kBlock);
   const auto* s = reinterpret_cast<const c10::BFloat16*>(stationary.data);
@@ -35,27 +34,28 @@ void bf16_gemm(Matrix<const uint16_t> stationary, Matrix<const uint16_t> moving,
     for (int64_t m0 = 0; m0 < M; m0 += kTile)
       for (int64_t k = k0; k < std::min(k0 + kTile, K); ++k)
         for (int64_t m = m0; m < std::min(m0 + kTile, M); ++m) a[m * K + k] = s[k * stationary.row_stride + m];
-  float* c = out.data;
-  int64_t ldc = out.row_stride;
-  if (accumulate) {
-    sum.resize(M * N);
-    c = sum.data(), ldc = N;
-  }
+  // With `accumulate`, each block's sum lands in a small scratch (it stays in
+  // cache) and is added to `out` before the next block.
+  thread_local std::vector<float> sum;
+  if (accumulate) sum.resize(M * kBlock);
   for (int64_t n0 = 0; n0 < N; n0 += kBlock) {
     const int64_t n = std::min(kBlock, N - n0);
     const int64_t ld = (n + 15) / 16 * 16;
     at::native::cpublas::pack(K, n, moving.row_stride, ld, at::kBFloat16, at::kBFloat16, moving.data + n0,
                               b.data());
-    at::native::cpublas::brgemm(M, n, K, K, ld, ldc, /*add_C=*/false, a.data(), b.data(), c + n0, /*is_vnni=*/true);
+    float* c = accumulate ? sum.data() : out.data + n0;
+    const int64_t ldc = accumulate ? kBlock : out.row_stride;
+    at::native::cpublas::brgemm(M, n, K, K, ld, ldc, /*add_C=*/false, a.data(), b.data(), c, /*is_vnni=*/true);
+    if (accumulate)
+      for (int64_t m = 0; m < M; ++m) {
+        float* o = out.data + m * out.row_stride + n0;
+        const float* r = sum.data() + m * kBlock;
+#pragma omp simd  // one add per element (the PSUM adder), in vectors: o and r never overlap
+        for (int64_t j = 0; j < n; ++j) o[j] += r[j];
+      }
   }
   // The tile configuration is per thread; other kernels on this thread set their own.
   at::native::cpublas::brgemm_release(true);
-  if (accumulate)
-    for (int64_t m = 0; m < M; ++m) {
-      float* o = out.data + m * out.row_stride;
-      const float* r = sum.data() + m * N;
-      for (int64_t j = 0; j < N; ++j) o[j] += r[j];
-    }
 }
 
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n) {
