@@ -39,7 +39,9 @@ def spawn_ranks(target, world: int, *args, timeout: float = 150, may_die: tuple 
                 dead = [p.exitcode for r, p in enumerate(procs)
                         if r not in may_die and not p.is_alive() and p.exitcode != 0]
                 assert not dead, f"a rank died with exit code {dead}; reported: {sorted(got)}, errors: {errors}"
-                assert time.monotonic() < deadline, f"ranks still running after {timeout} s; reported: {sorted(got)}"
+                if time.monotonic() >= deadline:
+                    raise AssertionError(f"ranks still running after {timeout} s; reported: {sorted(got)}\n"
+                                         + _stacks([p for r, p in enumerate(procs) if r not in got]))
                 continue
             if ok:
                 got[rank] = torch.load(io.BytesIO(payload), weights_only=False)
@@ -54,6 +56,21 @@ def spawn_ranks(target, world: int, *args, timeout: float = 150, may_die: tuple 
             if p.is_alive():
                 p.kill()
     return got
+
+
+def _stacks(procs) -> str:
+    """The native and Python stacks of every thread of hung ranks (gdb's, where
+    it is installed): what a hang is waiting for."""
+    import shutil
+    import subprocess
+    if not shutil.which("gdb"):
+        return "(no gdb: no stacks)"
+    out = []
+    for p in procs:
+        r = subprocess.run(["gdb", "-p", str(p.pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                           capture_output=True, text=True, timeout=120)
+        out.append(f"--- rank pid {p.pid} ---\n{r.stdout[-20000:]}")
+    return "\n".join(out)
 
 
 def _run_rank(target, rank, world, port, args, results):

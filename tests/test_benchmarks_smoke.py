@@ -66,7 +66,7 @@ def test_benchmark_smoke_run(tmp_path):
     assert breakdown["first"]["meta_signatures"] > 0 and breakdown["top_ops_by_extra_host_time"]
     assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "fusion", "end to end", "memory",
                                                     "compiled", "huggingface", "profiler", "lockin",
-                                                    "distributed", "sanitizer", "soak"} | (
+                                                    "distributed", "sanitizer", "soak", "nki kernels"} | (
         {"fusion, AVX2 path forced"} if avx2 else set())
 
     md = (tmp_path / "RESULTS.md").read_text()
@@ -77,3 +77,14 @@ def test_benchmark_smoke_run(tmp_path):
     for png in ("tiny_ops.png", "large_ops.png", "end_to_end.png", "nki_kernels.png", "compiled.png",
                 "huggingface.png"):
         assert (tmp_path / png).stat().st_size > 0
+
+    # --merge: one group rerun into these results, the others kept, the rerun named in the report
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--smoke", "--only", "tiny_ops",
+                        "--merge", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": ROOT}, timeout=TIMEOUT_S)
+    assert r.returncode == 0, r.stderr[-3000:]
+    merged = json.loads((tmp_path / "results.json").read_text())
+    assert merged["nki_kernels"] == res["nki_kernels"] and merged["tiny_ops"] != res["tiny_ops"]
+    assert [x["groups"] for x in merged["rerun"]] == [["tiny_ops"]]
+    assert {t["group"] for t in merged["targets"]} == {t["group"] for t in res["targets"]}
+    assert "Rerun later with `--only tiny_ops --merge`" in (tmp_path / "RESULTS.md").read_text()
