@@ -1156,7 +1156,7 @@ def lower(program, slot_meta, debug):
     instances, locations = [], []
     for _, steps in program.instances:
         ops, locs = [], []
-        lw.product = None  # (step index, slot, taken) of the last nc_matmul without dst
+        lw.product = None  # (step index, slot, taken) of the last matmul into a new PSUM tile (_product)
         for lw.step_index, step in enumerate(steps):
             g = _LOWERINGS.get(step.fn)
             if g is None:

@@ -335,7 +335,7 @@ def tile_gemm(s: np.ndarray, m: np.ndarray, out: np.ndarray | None = None) -> np
 
     Products of bfloat16, float16 and fp8 values are exact in float32 and the
     sums accumulate in float32, as in the PE array. Two bfloat16 operands go to
-    the host's bfloat16 matrix unit where it has one (csrc/bridge/kernels/tile_gemm.h),
+    the host's bfloat16 matrix unit where it has one (csrc/bridge/kernels/nki_host.h),
     anything else to a float32 BLAS GEMM; the two sum in different orders."""
     k = s.shape[0]
     if (BF16_TILE_GEMM and s.dtype == _dt.bfloat16 and m.dtype == _dt.bfloat16 and k % 2 == 0 and k

@@ -1,13 +1,14 @@
 // The NKI emulator's (torchneuron/nki/) inner loops that NumPy does slowly:
 //
 // * The Tensor Engine on bfloat16 tiles: stationary.T @ moving with float32
-// products and float32 accumulation, on the host's matrix unit (AMX, through
-// ATen's oneDNN micro-kernel) where it has one. Products of bfloat16 values are exact in float32 and the micro-kernel sums
-// them in float32, as the PE array does; the order of the sum is the
-// micro-kernel's own (fixed for a tile shape, so a launch gives the same bits
-// on every call and thread), and AMX treats subnormal inputs and sums as zero.
+//   products and float32 accumulation, on the host's matrix unit (AMX,
+//   through ATen's oneDNN micro-kernel) where it has one. Products of
+//   bfloat16 values are exact in float32 and the micro-kernel sums them in
+//   float32, as the PE array does; the order of the sum is the micro-kernel's
+//   own (fixed for a tile shape, so a launch gives the same bits on every call
+//   and thread), and AMX treats subnormal inputs and sums as zero.
 // * Rounding float32 engine results to bfloat16 as ml_dtypes' cast does
-// (nearest, ties to even; NaN becomes the quiet NaN of its sign).
+//   (nearest, ties to even; NaN becomes the quiet NaN of its sign).
 #pragma once
 
 #include <cstdint>
