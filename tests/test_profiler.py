@@ -36,7 +36,7 @@ def inputs():
     # An mm long enough that the element-wise ops issued behind it join one
     # pending group even on a loaded machine (the fuser merges into the newest
     # task while it has not started).
-    a, b = torch.randn(768, 768, device="neuron"), torch.randn(768, 768, device="neuron")
+    a, b = torch.randn(1536, 1536, device="neuron"), torch.randn(1536, 1536, device="neuron")
     x = torch.randn(N, device="neuron")
     side = torch.neuron.Stream()
     torch.neuron.current_stream().wait_stream(side)
