@@ -4,7 +4,7 @@
 # headers of PyTorch 2.13.0's aarch64 wheel, then links it against that wheel's
 # libraries; builds csrc/runtime's C++ tests and, where qemu-user is installed,
 # runs them. Shows that no x86-only code sits outside the ISA-guarded files
-# (csrc/bridge/kernels/isa_*.cpp).
+# (csrc/bridge/kernels/isa_*.cpp, nki_gemm_amx.cpp).
 #
 #   scripts/cross_compile_aarch64.sh          # installs the cross toolchain (apt) if missing
 #

@@ -193,6 +193,39 @@ def test_bf16_tile_gemm_binding_rejects_bad_arrays():
         _C._nki_tile_gemm_bf16(s, mv, [[0.0] * 16] * 8, False)
 
 
+@needs_matrix_unit
+@pytest.mark.parametrize("k,m,n", [(128, 128, 512), (64, 100, 300), (2, 2, 3), (126, 17, 33)])
+def test_staged_tiles_multiply_as_their_arrays(rng, k, m, n):
+    s = _bf16(rng, (k, m + 3))[:, 1:m + 1]
+    mv = _bf16(rng, (k, n))
+    ss, ms = ops.stage_tile(s, True), ops.stage_tile(mv, False)
+    assert isinstance(ss, ops.StagedTile) and ss.source is not None
+    want = ops.tile_gemm(s, mv)
+    for a, b in ((ss, ms), (ss, mv), (s, ms)):
+        assert np.array_equal(ops.tile_gemm(a, b), want)
+    # staged again in place: the new values, not the old
+    s2 = _bf16(rng, (k, m))
+    assert ops.stage_tile(s2, True, ss) is ss
+    assert np.array_equal(ops.tile_gemm(ss, ms), ops.tile_gemm(s2, mv))
+    # a float32 partner: the float32 GEMM of the staged tile's array
+    mf = rng.standard_normal((k, n)).astype(np.float32)
+    assert np.array_equal(ops.tile_gemm(ss, mf), ops.tile_gemm(s2, mf))
+
+
+@needs_matrix_unit
+def test_staged_tiles_keep_their_roles_and_limits(rng):
+    from torchneuron import _C
+    s, mv = _bf16(rng, (4, 8)), _bf16(rng, (4, 16))
+    ss, ms = ops.stage_tile(s, True), ops.stage_tile(mv, False)
+    with pytest.raises(RuntimeError, match="staged as the other operand"):
+        _C._nki_tile_gemm_bf16(ms, ss, np.zeros((16, 8), np.float32), False)
+    with pytest.raises(RuntimeError, match="outside the matrix unit's shapes"):
+        _C._nki_stage_bf16(_bf16(rng, (4, 129)), True)
+    # beyond the limits stage_tile leaves the array as it is
+    wide = _bf16(rng, (4, 129))
+    assert ops.stage_tile(wide, True) is not wide and not isinstance(ops.stage_tile(wide, True), ops.StagedTile)
+
+
 @nki.jit
 def matmul_isa_accumulate(lhsT, rhs):
     """``psum += nisa.nc_matmul(a, b)``: the lowering computes each product into PSUM."""

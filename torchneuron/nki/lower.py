@@ -114,7 +114,7 @@ class FastProgram:
 
     def _new_set(self):
         bufs = [np.empty(shape, dt) for shape, dt in self.phys]
-        V = [None] * self.n_views
+        V = [None] * self.n_views + [{}]  # and, last, what a launch leaves for the next (Lowerer.gemm_operand)
         for vid, p, kind, shape, off, strides in self.onchip:
             V[vid] = _view(bufs[p], kind, shape, off, strides)
         return V
@@ -263,15 +263,7 @@ class Lowerer:
             f[3] = True
             src = f[0]
             if shared and f[1] in self.read_only:
-                key = ("float32", src)
-
-                def cached(V, X):
-                    H = X[-1]
-                    a = H.get(key)
-                    if a is None:
-                        a = H[key] = V[src].astype(F32, order="C")
-                    return a
-                return cached, dtype, False
+                return self.per_launch(("float32", src), lambda V: V[src].astype(F32, order="C")), dtype, False
             return (lambda V, X: V[src].astype(F32, order="C")), dtype, False
         self._touch_storage(s)
         if view.kind == _GATHER:
@@ -283,9 +275,12 @@ class Lowerer:
             return (lambda V, X: V[v]), dtype, True
         return (lambda V, X: V[v].astype(F32)), dtype, False
 
-    def gemm_operand(self, view):
+    def gemm_operand(self, view, stationary):
         """Tensor Engine read (``ops._gemm_operand``): a getter g(V, X) of the tile's
-        bfloat16 storage where that is its value, else of its float32 values."""
+        bfloat16 storage where that is its value, else of its float32 values.
+
+        A region of a kernel input that no step writes is staged for the matrix unit
+        once per launch (``ops.stage_tile``) and shared by every load of that region."""
         s = view.slot
         if not (_ops.BF16_TILE_GEMM and self.on_chip(view) and self.meta[s][3] == _dt.bfloat16
                 and not (view.kind == _WHOLE and self.exact.get(s))):
@@ -295,9 +290,29 @@ class Lowerer:
             # a loaded tile's first engine read takes the loaded region itself
             f[3] = True
             src = f[0]
+            if f[1] in self.read_only:
+                key, stage = ("staged", src, stationary), _ops.stage_tile
+
+                def make(V):
+                    # into the staged tile of an earlier launch of this view table
+                    kept = V[-1]
+                    t = kept[key] = stage(V[src], stationary, kept.get(key))
+                    return t
+                return self.per_launch(key, make)
             return lambda V, X: V[src]
         g = self.raw(view)
         return lambda V, X: g(V)
+
+    @staticmethod
+    def per_launch(key, make):
+        """Getter of ``make(V)``, made once per launch (kept with the launch's HBM storage)."""
+        def get(V, X):
+            H = X[-1]
+            a = H.get(key)
+            if a is None:
+                a = H[key] = make(V)
+            return a
+        return get
 
     def operand(self, x):
         """``ops.operand``: (getter, dtype or None, static shape)."""
@@ -801,9 +816,12 @@ for _f in vars(_nl).values():
 # ------------------------------------------------------------------ isa
 def _matmul_operands(gs, gm):
     """Getter of a matmul's (stationary, moving) as 2-D arrays, for ``ops.tile_gemm``."""
+    staged = _ops.StagedTile
+
     def operands(V, X):
         s, m = gs(V, X), gm(V, X)
-        return s.reshape(s.shape[0], -1), m.reshape(m.shape[0], -1)
+        return (s if isinstance(s, staged) else s.reshape(s.shape[0], -1),
+                m if isinstance(m, staged) else m.reshape(m.shape[0], -1))
     return operands
 
 
@@ -815,7 +833,7 @@ def _matmul_getter(gs, gm):
 @lowering(_isa.nc_matmul)
 def _nc_matmul(lw, step):
     dst, kw = _style(step, [("stationary", "T"), ("moving", "T")])
-    gs, gm = lw.gemm_operand(kw["stationary"]), lw.gemm_operand(kw["moving"])
+    gs, gm = lw.gemm_operand(kw["stationary"], True), lw.gemm_operand(kw["moving"], False)
     if dst is None:
         return _product(lw, step, gs, gm)
     mm = _matmul_getter(gs, gm)
@@ -867,14 +885,14 @@ def _nl_matmul(lw, step):
     if not isinstance(x, View) or not isinstance(y, View):
         raise Decline("matmul operands")
     if a["transpose_x"]:
-        gx = lw.gemm_operand(x)
+        gx = lw.gemm_operand(x, True)
     else:
         # nl.transpose(x): a result tile of its own in the interpreter, read back exactly
         g0, _, _ = lw.value(x)
 
         def gx(V, X):
             return np.ascontiguousarray(g0(V, X).T)
-    return _product(lw, step, gx, lw.gemm_operand(y))
+    return _product(lw, step, gx, lw.gemm_operand(y, False))
 
 
 def _product(lw, step, gs, gm):
@@ -1195,7 +1213,8 @@ _HBM_WRITERS = None
 
 
 def _read_only_inputs(program):
-    """Kernel arguments no step writes (only the DMA instructions and assignment can write HBM)."""
+    """Kernel arguments known to stay as they are during a launch: all of them if no
+    step writes one (only the DMA instructions and assignment can write HBM), else none."""
     global _HBM_WRITERS
     if _HBM_WRITERS is None:
         _HBM_WRITERS = {_raw(_nl.store), _raw(_isa.dma_copy), _raw(_isa.dma_transpose), _raw(_assign_op)}
@@ -1208,7 +1227,9 @@ def _read_only_inputs(program):
                     written.add(dst.slot)
                 elif isinstance(dst, _Nested) or dst is None:
                     written.update(range(program.n_inputs))
-    return set(range(program.n_inputs)) - written
+    # a written argument may share memory with any other (the caller's arrays
+    # can overlap), so then no argument is known to stay as it is
+    return set() if written & set(range(program.n_inputs)) else set(range(program.n_inputs))
 
 
 def _check_result(t, lw):

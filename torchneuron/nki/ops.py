@@ -322,31 +322,57 @@ def _bf16_tile_gemm():
         from .. import _C
     except ImportError:
         return None
-    return _C._nki_tile_gemm_bf16 if _C._nki_tile_gemm_bf16_available() else None
+    return _C if _C._nki_tile_gemm_bf16_available() else None
 
 
-_BF16_GEMM = _bf16_tile_gemm()
-BF16_TILE_GEMM = _BF16_GEMM is not None
+_C_NKI = _bf16_tile_gemm()
+BF16_TILE_GEMM = _C_NKI is not None
+# A tile staged for the matrix unit (stage_tile); .source is its array.
+StagedTile = _C_NKI._NkiStagedTile if BF16_TILE_GEMM else type("StagedTile", (), {})
 
 
-def tile_gemm(s: np.ndarray, m: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def _bf16_ready(a) -> bool:
+    """Whether the matrix unit takes ``a`` as it is: staged, or bfloat16 rows
+    (an even, non-zero number of them) that are contiguous."""
+    return isinstance(a, StagedTile) or (a.dtype == _dt.bfloat16 and a.shape[0] % 2 == 0 and a.shape[0]
+                                         and a.shape[1] and a.strides[1] == 2)
+
+
+def stage_tile(a: np.ndarray, stationary: bool, into=None):
+    """``a`` (K x ...) as ``tile_gemm``'s stationary or moving operand, staged for
+    the matrix unit once so that every GEMM reading it skips that work (into the
+    storage of ``into``, a StagedTile no longer used, if given); the 2-D array
+    itself where the matrix unit would not take it. The staged form does not
+    follow later writes to ``a``."""
+    a = a.reshape(a.shape[0], -1)
+    limit = 128 if stationary else 512
+    if BF16_TILE_GEMM and _bf16_ready(a) and a.shape[0] <= 128 and a.shape[1] <= limit:
+        return _C_NKI._nki_stage_bf16(a, stationary, into if isinstance(into, StagedTile) else None)
+    return a
+
+
+def tile_gemm(s, m, out: np.ndarray | None = None) -> np.ndarray:
     """``s.T @ m`` in float32 for 2-D tiles ``s`` (K x M) and ``m`` (K x N); with
     ``out`` (float32, M x N), ``out += s.T @ m`` (the sum rounded, then added).
+    Either operand may be a ``StagedTile`` of ``stage_tile``.
 
     Products of bfloat16, float16 and fp8 values are exact in float32 and the
     sums accumulate in float32, as in the PE array. Two bfloat16 operands go to
     the host's bfloat16 matrix unit where it has one (csrc/bridge/kernels/nki_host.h),
     anything else to a float32 BLAS GEMM; the two sum in different orders."""
-    k = s.shape[0]
-    if (BF16_TILE_GEMM and s.dtype == _dt.bfloat16 and m.dtype == _dt.bfloat16 and k % 2 == 0 and k
-            and s.shape[1] and m.shape[1] and s.strides[1] == 2 and m.strides[1] == 2
-            and (out is None or out.strides[1] == 4)):
+    if BF16_TILE_GEMM and _bf16_ready(s) and _bf16_ready(m) and (out is None or out.strides[1] == 4):
         if out is None:
-            r = np.empty((s.shape[1], m.shape[1]), F32)
-            _BF16_GEMM(s, m, r, False)
-            return r
-        _BF16_GEMM(s, m, out, True)
+            rows = s.source if isinstance(s, StagedTile) else s
+            cols = m.source if isinstance(m, StagedTile) else m
+            out = np.empty((rows.shape[1], cols.shape[1]), F32)
+            _C_NKI._nki_tile_gemm_bf16(s, m, out, False)
+            return out
+        _C_NKI._nki_tile_gemm_bf16(s, m, out, True)
         return out
+    if isinstance(s, StagedTile):
+        s = s.source
+    if isinstance(m, StagedTile):
+        m = m.source
     if s.dtype != F32:
         s = s.astype(F32)
     if m.dtype != F32:

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/numpy.h>
 
+#include <optional>
 #include <type_traits>
 
 #include "../kernels/nki_host.h"
@@ -29,19 +30,55 @@ nki_host::Matrix<T> matrix(const py::array& x, const char* name) {
   return {static_cast<T*>(data), x.shape(0), x.shape(1), x.strides(0) / static_cast<py::ssize_t>(sizeof(T))};
 }
 
+// A tile staged for the matrix unit (nki_host::StagedOperand), with the array
+// it was made from (what a float32 fallback multiplies instead).
+struct StagedTile {
+  nki_host::StagedOperand staged;
+  py::array source;
+};
+
+// An operand given as an array (staged here, per thread) or as a StagedTile.
+const nki_host::StagedOperand& operand(const py::object& x, bool stationary, nki_host::StagedOperand& scratch) {
+  const char* role = stationary ? "stationary" : "moving";
+  if (py::isinstance<StagedTile>(x)) {
+    const auto& t = x.cast<const StagedTile&>().staged;
+    TORCH_CHECK(t.stationary == stationary, "_nki_tile_gemm_bf16: ", role, " was staged as the other operand");
+    return t;
+  }
+  TORCH_CHECK(py::isinstance<py::array>(x), "_nki_tile_gemm_bf16: ", role, " must be an array or a staged tile");
+  nki_host::stage(matrix<const uint16_t>(x.cast<py::array>(), role), stationary, scratch);
+  return scratch;
+}
+
 } // namespace
 
 void bind_nki(py::module_& m) {
   m.def("_nki_tile_gemm_bf16_available", &nki_host::bf16_gemm_available);
-  // (stationary bf16 K x M, moving bf16 K x N, out float32 M x N, accumulate)
-  m.def("_nki_tile_gemm_bf16", [](const py::array& stationary, const py::array& moving, py::array& out,
+  py::class_<StagedTile>(m, "_NkiStagedTile").def_readonly("source", &StagedTile::source);
+  // (bf16 K x M or K x N, stationary, into) -> a _NkiStagedTile, for operands
+  // used many times; `into`, a tile staged before, is staged again in place
+  m.def("_nki_stage_bf16", [](const py::array& x, bool stationary, std::optional<py::object> into) {
+    py::object t = into ? *into : py::cast(StagedTile{});
+    auto& tile = t.cast<StagedTile&>();
+    auto mx = matrix<const uint16_t>(x, stationary ? "stationary" : "moving");
+    {
+      py::gil_scoped_release no_gil;
+      nki_host::stage(mx, stationary, tile.staged);
+    }
+    tile.source = x;
+    return t;
+  }, py::arg("x").noconvert(), py::arg("stationary"), py::arg("into") = py::none());
+  // (stationary bf16 K x M, moving bf16 K x N, out float32 M x N, accumulate);
+  // either operand may be a _NkiStagedTile instead
+  m.def("_nki_tile_gemm_bf16", [](const py::object& stationary, const py::object& moving, py::array& out,
                                   bool accumulate) {
-    auto s = matrix<const uint16_t>(stationary, "stationary");
-    auto mv = matrix<const uint16_t>(moving, "moving");
+    thread_local nki_host::StagedOperand scratch_s, scratch_m;  // per thread: launches run on several threads
+    const auto& s = operand(stationary, true, scratch_s);
+    const auto& mv = operand(moving, false, scratch_m);
     auto o = matrix<float>(out, "out");
     py::gil_scoped_release no_gil;
     nki_host::bf16_gemm(s, mv, o, accumulate);
-  }, py::arg("stationary").noconvert(), py::arg("moving").noconvert(), py::arg("out").noconvert(), py::arg("accumulate"));
+  }, py::arg("stationary"), py::arg("moving"), py::arg("out").noconvert(), py::arg("accumulate"));
   // (src float32, dst bfloat16 of the same shape, both C-contiguous)
   m.def("_nki_round_to_bf16", [](const py::array& src, py::array& dst) {
     TORCH_CHECK(src.itemsize() == 4 && dst.itemsize() == 2 && src.size() == dst.size() &&

@@ -1,6 +1,7 @@
 // The instruction set the device's own loops run on: fusion's exact
 // arithmetic and register chains, the sigmoid they compute as ATen does, the
-// device's tanh and non-temporal stores. Each level's loops live in their own
+// device's tanh, non-temporal stores and the NKI emulator's bfloat16
+// rounding. Each level's loops live in their own
 // translation unit, compiled for that level alone (isa_avx512.cpp,
 // isa_avx2.cpp, isa_portable.cpp; the loops themselves are written once, in
 // simd_loops.h). One level is chosen per process, the first time it is
@@ -37,6 +38,8 @@ struct Kernels {
   // exact_arithmetic.h's stream_copy and end_streaming.
   void (*stream_copy)(char* to, const char* from, size_t bytes);
   void (*end_streaming)();
+  // nki_host.h's round_to_bf16 (the same bits at every level).
+  void (*round_to_bf16)(const float* src, uint16_t* dst, int64_t n);
 };
 
 // The level this process runs (chosen once).

@@ -189,7 +189,7 @@ struct S<double> {
 
 extern const Kernels kAvx512{"avx512",        run_exact_here,        run_chain_here,     chain_vectors * 64,
                              tanh_here,       sigmoid_here<float>,   sigmoid_here<double>, sigmoid_ready_here,
-                             stream_copy_here, end_streaming_here};
+                             stream_copy_here, end_streaming_here, round_to_bf16_here};
 
 } // namespace torchneuron::isa
 

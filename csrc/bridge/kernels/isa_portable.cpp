@@ -146,7 +146,7 @@ struct S {
 
 extern const Kernels kPortable{"portable",     run_exact_here,        run_chain_here,       chain_vectors * 16,
                                tanh_here,       sigmoid_here<float>,   sigmoid_here<double>, sigmoid_ready_here,
-                               stream_copy_here, end_streaming_here};
+                               stream_copy_here, end_streaming_here, round_to_bf16_here};
 
 } // namespace torchneuron::isa
 

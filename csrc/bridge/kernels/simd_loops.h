@@ -195,6 +195,20 @@ void stream_copy_here(char* to, const char* from, size_t bytes) {
 
 void end_streaming_here() { S<float>::fence(); }
 
+// ---------------------------------------------------------------- bfloat16
+// nki_host.h's round_to_bf16: float32 to bfloat16 bits as ml_dtypes' cast
+// (nearest, ties to even; NaN becomes the quiet NaN of its sign). Integer
+// operations only, which GCC vectorizes: every level gives the same bits.
+void round_to_bf16_here(const float* src, uint16_t* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &src[i], sizeof u);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    dst[i] = static_cast<uint16_t>(nan ? ((u >> 16) & 0x8000u) | 0x7fc0u : rounded);
+  }
+}
+
 // ---------------------------------------------------------------- register chains
 // run_chain (exact_arithmetic.h): a chain of exact members computed in
 // registers, a chunk of `chain_vectors` vectors at a time. Every operation is
