@@ -363,3 +363,21 @@ def test_matmul_operands_follow_a_write_through_another_argument(rng, monkeypatc
         same_bits(got, want)
         assert shared != np.array_equal(want[0], want[1])
     assert square_twice.cache_info()["lowered"] == 1, square_twice.cache_info()
+
+
+def test_a_lowered_launch_keeps_no_argument_alive(rng):
+    """What a launch leaves for the next (staged matmul operands) holds none of its arguments."""
+    import gc
+    import weakref
+    from test_matmul import matmul_isa_accumulate
+
+    kernel = fresh(matmul_isa_accumulate)
+    refs = []
+    for _ in range(3):
+        lhsT, rhs = (rng.standard_normal(s).astype(nl.bfloat16) for s in ((256, 256), (256, 512)))
+        kernel(lhsT, rhs)
+        refs += [weakref.ref(lhsT), weakref.ref(rhs)]
+        del lhsT, rhs
+    gc.collect()
+    assert kernel.cache_info()["lowered"] == 1
+    assert all(r() is None for r in refs)

@@ -147,6 +147,8 @@ class FastProgram:
         finally:
             for vid in self.hbm_vids:
                 V[vid] = None
+            for t in V[-1].values():  # the staged tiles kept for the next launch hold no HBM
+                t.source = None
             self._sets.append(V)
 
 
@@ -291,12 +293,14 @@ class Lowerer:
             f[3] = True
             src = f[0]
             if f[1] in self.read_only:
-                key, stage = ("staged", src, stationary), _ops.stage_tile
+                key, stage, staged = ("staged", src, stationary), _ops.stage_tile, _ops.StagedTile
 
                 def make(V):
-                    # into the staged tile of an earlier launch of this view table
+                    # into the staged tile an earlier launch of this view table left
                     kept = V[-1]
-                    t = kept[key] = stage(V[src], stationary, kept.get(key))
+                    t = stage(V[src], stationary, kept.get(key))
+                    if isinstance(t, staged):
+                        kept[key] = t
                     return t
                 return self.per_launch(key, make)
             return lambda V, X: V[src]

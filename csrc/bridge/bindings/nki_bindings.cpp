@@ -31,10 +31,11 @@ nki_host::Matrix<T> matrix(const py::array& x, const char* name) {
 }
 
 // A tile staged for the matrix unit (nki_host::StagedOperand), with the array
-// it was made from (what a float32 fallback multiplies instead).
+// it was made from (what a float32 fallback multiplies instead; None once the
+// holder lets go of that array and keeps only the storage to stage into).
 struct StagedTile {
   nki_host::StagedOperand staged;
-  py::array source;
+  py::object source;
 };
 
 // An operand given as an array (staged here, per thread) or as a StagedTile.
@@ -54,7 +55,7 @@ const nki_host::StagedOperand& operand(const py::object& x, bool stationary, nki
 
 void bind_nki(py::module_& m) {
   m.def("_nki_tile_gemm_bf16_available", &nki_host::bf16_gemm_available);
-  py::class_<StagedTile>(m, "_NkiStagedTile").def_readonly("source", &StagedTile::source);
+  py::class_<StagedTile>(m, "_NkiStagedTile").def_readwrite("source", &StagedTile::source);
   // (bf16 K x M or K x N, stationary, into) -> a _NkiStagedTile, for operands
   // used many times; `into`, a tile staged before, is staged again in place
   m.def("_nki_stage_bf16", [](const py::array& x, bool stationary, std::optional<py::object> into) {
