@@ -136,8 +136,9 @@ def test_concurrent_launches_keep_blas_single_threaded(rng):
 
 from torchneuron.nki import ops  # noqa: E402
 
-needs_matrix_unit = pytest.mark.skipif(not ops.BF16_TILE_GEMM, reason="the host has no bfloat16 matrix unit (AMX), "
-                                       "or TORCHNEURON_NKI_BF16_GEMM=0: every tile takes the float32 BLAS GEMM")
+NO_MATRIX_UNIT = ("no bfloat16 matrix unit in use: the host has no AMX, ATEN_CPU_CAPABILITY is below avx512 "
+                  "or TORCHNEURON_NKI_BF16_GEMM=0 (every tile takes the float32 BLAS GEMM)")
+needs_matrix_unit = pytest.mark.skipif(not ops.BF16_TILE_GEMM, reason=NO_MATRIX_UNIT)
 
 
 def _bf16(rng, shape):
@@ -181,7 +182,7 @@ def test_bf16_tile_gemm_treats_subnormals_as_zero():
 def test_bf16_tile_gemm_binding_rejects_bad_arrays():
     from torchneuron import _C
     if not _C._nki_tile_gemm_bf16_available():
-        pytest.skip("the host has no bfloat16 matrix unit (AMX)")
+        pytest.skip(NO_MATRIX_UNIT)
     s, mv = np.zeros((4, 8), np.uint16), np.zeros((4, 16), np.uint16)
     with pytest.raises(RuntimeError, match="do not match"):
         _C._nki_tile_gemm_bf16(s, mv, np.zeros((8, 15), np.float32), False)

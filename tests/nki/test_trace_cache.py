@@ -338,9 +338,11 @@ def test_matmul_operands_follow_a_write_through_another_argument(rng, monkeypatc
     (staged for the matrix unit, or converted to float32) and shared by every load of the
     region; when another argument is written, it may be the same memory, so each load reads
     it again."""
+    from test_matmul import NO_MATRIX_UNIT
+
     from torchneuron.nki import ops
     if bf16_gemm and not ops.BF16_TILE_GEMM:
-        pytest.skip("the host has no bfloat16 matrix unit (AMX)")
+        pytest.skip(NO_MATRIX_UNIT)
     monkeypatch.setattr(ops, "BF16_TILE_GEMM", bf16_gemm)
 
     @nki.jit
