@@ -30,9 +30,9 @@ struct Matrix {
 
 // An operand in the matrix unit's layout: pairs of bfloat16 of rows k and
 // k + 1, in 16 x 16 tiles of pairs, zero-padded. Staged once, it can be
-// multiplied many times (the emulator keeps the staged form of input tiles a
-// launch never writes). Owns its storage; it does not follow later writes to
-// the array it was staged from.
+// multiplied many times (the emulator stages a region of a kernel argument
+// once per launch when the launch writes no argument). Owns its storage; it
+// does not follow later writes to the array it was staged from.
 struct StagedOperand {
   std::vector<uint32_t> pairs;
   int64_t rows = 0, cols = 0;  // K x M (stationary) or K x N (moving), as given
