@@ -30,11 +30,26 @@ def test_bf16_rounding_gives_ml_dtypes_bits_for_every_kind_of_float32():
     x = bits.view(np.float32)
     with np.errstate(invalid="ignore"):
         want = x.astype(ml_dtypes.bfloat16).view(np.uint16)
-        assert dtypes._ROUND_TO_BF16 is not None
+        assert dtypes.ROUND_TO_BF16 is not None
         assert np.array_equal(dtypes.from_compute(x, nl.bfloat16).view(np.uint16), want)
         strided = x.reshape(-1, 5)[:, ::2]
         assert np.array_equal(dtypes.from_compute(strided, nl.bfloat16).view(np.uint16),
                               strided.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+def test_bf16_rounding_into_rows_of_a_larger_array(rng):
+    # as a tile's store into a region of HBM: only the region changes
+    if dtypes.ROUND_TO_BF16 is None:
+        pytest.skip("the emulator without the extension")
+    x = rng.standard_normal((128, 96)).astype(np.float32)
+    big = np.full((130, 200), 7, np.uint16).view(ml_dtypes.bfloat16)
+    dtypes.ROUND_TO_BF16(x, big[1:129, 50:146])
+    want = np.full((130, 200), 7, np.uint16)
+    want[1:129, 50:146] = x.astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.array_equal(big.view(np.uint16), want)
+    for bad in (big[1:129, 50:242:2], big[:128, :95], big[:128, :96].T):
+        with pytest.raises(RuntimeError, match="contiguous rows"):
+            dtypes.ROUND_TO_BF16(x, bad)
 
 
 def test_tf32_rounding():

@@ -224,9 +224,9 @@ def from_compute(values, dtype) -> np.ndarray:
         # Go through float32 first: the engine result is float32, and double
         # rounding via float64 would not match it.
         values = values.astype(np.float32)
-    if d == bfloat16 and values.dtype == np.float32 and values.flags.c_contiguous and _ROUND_TO_BF16:
+    if d == bfloat16 and values.dtype == np.float32 and values.flags.c_contiguous and ROUND_TO_BF16:
         out = np.empty(values.shape, bfloat16)
-        _ROUND_TO_BF16(values, out)  # the same bits as the cast below, faster
+        ROUND_TO_BF16(values, out)  # the same bits as the cast below, faster
         return out
     return values.astype(d)
 
@@ -239,7 +239,9 @@ def _round_to_bf16():
     return _nki_round_to_bf16
 
 
-_ROUND_TO_BF16 = _round_to_bf16()
+# round(src, dst): float32 to bfloat16 bits into dst (C-contiguous, or 2-D
+# with contiguous rows), or None without the extension
+ROUND_TO_BF16 = _round_to_bf16()
 
 
 def promote(a, b):

@@ -391,9 +391,19 @@ class Lowerer:
                 V[v][key] = vals
             return wg
 
+        # float32 values into bfloat16 storage with contiguous rows: rounded
+        # straight into it (the bits of from_compute, without its array)
+        rnd = _dt.ROUND_TO_BF16 if dt == _dt.bfloat16 and st == _dt.bfloat16 else None
+        if not ((view.kind == _WHOLE and self.on_chip(view))
+                or (view.kind == _STRIDED and len(shape) == 2 and view.strides[1] == st.itemsize)):
+            rnd = None
+
         def w(V, vals):
             if vals.shape != shape:
                 vals = align_to(vals, shape)
+            if rnd is not None and vals.dtype == F32 and vals.flags.c_contiguous:
+                rnd(vals, V[v])
+                return
             if vals.dtype != st or tf32:
                 vals = from_compute(vals, dt)
             V[v][...] = vals

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/numpy.h>
 
+#include <algorithm>
 #include <optional>
 #include <type_traits>
 
@@ -80,16 +81,23 @@ void bind_nki(py::module_& m) {
     py::gil_scoped_release no_gil;
     nki_host::bf16_gemm(s, mv, o, accumulate);
   }, py::arg("stationary"), py::arg("moving"), py::arg("out").noconvert(), py::arg("accumulate"));
-  // (src float32, dst bfloat16 of the same shape, both C-contiguous)
+  // (src float32, C-contiguous; dst bfloat16 of the same shape, C-contiguous
+  // or 2-D with contiguous rows, such as a tile's view of HBM)
   m.def("_nki_round_to_bf16", [](const py::array& src, py::array& dst) {
-    TORCH_CHECK(src.itemsize() == 4 && dst.itemsize() == 2 && src.size() == dst.size() &&
-                    (src.flags() & py::array::c_style) && (dst.flags() & py::array::c_style) && dst.writeable(),
-                "_nki_round_to_bf16: a C-contiguous float32 array and a writeable bfloat16 one of its size");
+    const bool rows = dst.ndim() == 2 && dst.strides(1) == 2 && dst.strides(0) % 2 == 0;
+    TORCH_CHECK(src.itemsize() == 4 && dst.itemsize() == 2 && src.ndim() == dst.ndim() &&
+                    std::equal(src.shape(), src.shape() + src.ndim(), dst.shape()) &&
+                    (src.flags() & py::array::c_style) && ((dst.flags() & py::array::c_style) || rows) &&
+                    dst.writeable(),
+                "_nki_round_to_bf16: a C-contiguous float32 array and a writeable bfloat16 one of its shape, "
+                "C-contiguous or with contiguous rows");
     const auto* s = static_cast<const float*>(src.data());
     auto* d = static_cast<uint16_t*>(dst.mutable_data());
-    const int64_t n = src.size();
+    const bool whole = dst.flags() & py::array::c_style;
+    const int64_t n_rows = whole ? 1 : dst.shape(0), row = whole ? src.size() : dst.shape(1);
+    const int64_t stride = whole ? 0 : dst.strides(0) / 2;
     py::gil_scoped_release no_gil;
-    nki_host::round_to_bf16(s, d, n);
+    for (int64_t i = 0; i < n_rows; ++i) nki_host::round_to_bf16(s + i * row, d + i * stride, row);
   }, py::arg("src").noconvert(), py::arg("dst").noconvert());
 }
 
