@@ -281,8 +281,9 @@ class Lowerer:
         """Tensor Engine read (``ops._gemm_operand``): a getter g(V, X) of the tile's
         bfloat16 storage where that is its value, else of its float32 values.
 
-        A region of a kernel input that no step writes is staged for the matrix unit
-        once per launch (``ops.stage_tile``) and shared by every load of that region."""
+        A region of a kernel argument that stays as it is during the launch
+        (``_read_only_inputs``) is staged for the matrix unit once per launch
+        (``ops.stage_tile``) and shared by every load of that region."""
         s = view.slot
         if not (_ops.BF16_TILE_GEMM and self.on_chip(view) and self.meta[s][3] == _dt.bfloat16
                 and not (view.kind == _WHOLE and self.exact.get(s))):

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import dtypes as _dt
 from .errors import NKITypeError
-from .machine import Buffer
+from .machine import Buffer, TileSize
 from .tensor import NkiTensor, align_to, allocate, pair_shapes
 from .trace import instruction
 
@@ -277,7 +277,6 @@ def broadcast_to(x: NkiTensor, shape):
 def matmul_values(stationary: NkiTensor, moving: NkiTensor, what="nc_matmul", require_sbuf=True):
     """stationary.T @ moving in float32, with the Tensor Engine's tile limits."""
     from .errors import NKILimitError
-    from .machine import TileSize
     for name, t in (("stationary", stationary), ("moving", moving)):
         if not isinstance(t, NkiTensor) or not t.buffer.on_chip:
             raise NKITypeError(f"{what}: {name} must be an on-chip tile, got {t!r}")
@@ -327,7 +326,7 @@ def _bf16_tile_gemm():
 
 _C_NKI = _bf16_tile_gemm()
 BF16_TILE_GEMM = _C_NKI is not None
-# A tile staged for the matrix unit (stage_tile); .source is its array.
+# A tile staged for the matrix unit (stage_tile); .source is its array, .cols its columns.
 StagedTile = _C_NKI._NkiStagedTile if BF16_TILE_GEMM else type("StagedTile", (), {})
 
 
@@ -338,6 +337,10 @@ def _bf16_ready(a) -> bool:
                                          and a.shape[1] and a.strides[1] == 2)
 
 
+def _cols(a) -> int:
+    return a.cols if isinstance(a, StagedTile) else a.shape[1]
+
+
 def stage_tile(a: np.ndarray, stationary: bool, into=None):
     """``a`` (K x ...) as ``tile_gemm``'s stationary or moving operand, staged for
     the matrix unit once so that every GEMM reading it skips that work (into the
@@ -345,8 +348,8 @@ def stage_tile(a: np.ndarray, stationary: bool, into=None):
     itself where the matrix unit would not take it. The staged form does not
     follow later writes to ``a``."""
     a = a.reshape(a.shape[0], -1)
-    limit = 128 if stationary else 512
-    if BF16_TILE_GEMM and _bf16_ready(a) and a.shape[0] <= 128 and a.shape[1] <= limit:
+    limit = TileSize.gemm_stationary_fmax if stationary else TileSize.gemm_moving_fmax
+    if BF16_TILE_GEMM and _bf16_ready(a) and a.shape[0] <= TileSize.pmax and a.shape[1] <= limit:
         return _C_NKI._nki_stage_bf16(a, stationary, into if isinstance(into, StagedTile) else None)
     return a
 
@@ -362,9 +365,7 @@ def tile_gemm(s, m, out: np.ndarray | None = None) -> np.ndarray:
     anything else to a float32 BLAS GEMM; the two sum in different orders."""
     if BF16_TILE_GEMM and _bf16_ready(s) and _bf16_ready(m) and (out is None or out.strides[1] == 4):
         if out is None:
-            rows = s.source if isinstance(s, StagedTile) else s
-            cols = m.source if isinstance(m, StagedTile) else m
-            out = np.empty((rows.shape[1], cols.shape[1]), F32)
+            out = np.empty((_cols(s), _cols(m)), F32)
             _C_NKI._nki_tile_gemm_bf16(s, m, out, False)
             return out
         _C_NKI._nki_tile_gemm_bf16(s, m, out, True)

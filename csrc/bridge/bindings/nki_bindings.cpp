@@ -56,7 +56,9 @@ const nki_host::StagedOperand& operand(const py::object& x, bool stationary, nki
 
 void bind_nki(py::module_& m) {
   m.def("_nki_tile_gemm_bf16_available", &nki_host::bf16_gemm_available);
-  py::class_<StagedTile>(m, "_NkiStagedTile").def_readwrite("source", &StagedTile::source);
+  py::class_<StagedTile>(m, "_NkiStagedTile")
+      .def_readwrite("source", &StagedTile::source)
+      .def_property_readonly("cols", [](const StagedTile& t) { return t.staged.cols; });
   // (bf16 K x M or K x N, stationary, into) -> a _NkiStagedTile, for operands
   // used many times; `into`, a tile staged before, is staged again in place
   m.def("_nki_stage_bf16", [](const py::array& x, bool stationary, std::optional<py::object> into) {
