@@ -14,9 +14,9 @@ Per kernel:
   here in plain NumPy.  It does what the emulator does minus the NKI
   machinery (tiles, buffers, checks), so "emulator / NumPy" is the cost of
   that machinery.
-The emulator runs its tile GEMMs on one thread (a pool that wakes up per tile
-GEMM is slower, more so on a busy host): bfloat16 tiles on the host's matrix
-unit (AMX) where it has one, others on one BLAS thread. The NumPy loop nest
+The emulator runs its tile GEMMs on the host's matrix unit (AMX) where it
+has one, a run of accumulations into one PSUM tile as one pass split between
+two threads; float32 tiles on one BLAS thread. The NumPy loop nest
 gets the same BLAS setting and does every tile GEMM in float32, so where the
 host has AMX the emulator can be faster than it.  PyTorch uses its intra-op
 pool.

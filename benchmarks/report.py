@@ -356,8 +356,9 @@ def _nki_torch_rows(r):
 
 def _nki_kernels_md(res: dict, plot_files: list[str]) -> str:
     s = ["## NKI kernels on the emulator\n\nTime of one call (median). Ratio: that time over the "
-         "emulator's steady state on NumPy arrays. The emulator runs tile GEMMs on one thread (bfloat16 tiles "
-         "on the host's matrix unit where it has one, others on one BLAS thread); the NumPy loop nest does "
+         "emulator's steady state on NumPy arrays. The emulator runs bfloat16 tile GEMMs on the host's matrix "
+         "unit where it has one (a run of accumulations into one PSUM tile as one pass, on two threads), "
+         "others on one BLAS thread; the NumPy loop nest does "
          "them all in float32 BLAS; PyTorch uses its intra-op threads.\n"]
     for name, r in res.items():
         base = r["numpy_replay_s"]

@@ -179,6 +179,49 @@ def test_bf16_tile_gemm_treats_subnormals_as_zero():
     assert np.matmul(tiny.astype(np.float32).T, tiny.astype(np.float32))[0, 0] > 0
 
 
+@needs_matrix_unit
+@pytest.mark.parametrize("ks,m,n", [([128] * 8, 128, 512), ([128, 64, 2, 126], 17, 33), ([32], 128, 300)],
+                         ids=["eight-full", "uneven", "one"])
+def test_a_chain_of_tile_gemms_is_the_gemms_in_turn(rng, ks, m, n):
+    # the lowered replay's `psum += nc_matmul(...)` runs (lower._chain_gemms); the
+    # first shape is large enough to split between two threads
+    pairs = [(ops.stage_tile(_bf16(rng, (k, m)), True), ops.stage_tile(_bf16(rng, (k, n)), False)) for k in ks]
+    start = rng.standard_normal((m, n)).astype(np.float32)
+    want = start.copy()
+    for s, mv in pairs:
+        ops.tile_gemm(s, mv, want)
+    got = start.copy()
+    assert ops.tile_gemm_chain(pairs, got) is got
+    assert got.tobytes() == want.tobytes()
+    # the binding's first product may overwrite instead of adding (as tile_gemm without out)
+    from torchneuron import _C
+    first = ops.tile_gemm(*pairs[0])
+    for s, mv in pairs[1:]:
+        ops.tile_gemm(s, mv, first)
+    _C._nki_tile_gemm_chain_bf16(pairs, got, False)
+    assert got.tobytes() == first.tobytes()
+
+
+@needs_matrix_unit
+def test_a_chain_of_tile_gemms_takes_only_staged_tiles_of_one_shape(rng):
+    from torchneuron import _C
+    s, mv = _bf16(rng, (4, 8)), _bf16(rng, (4, 16))
+    ss, ms = ops.stage_tile(s, True), ops.stage_tile(mv, False)
+    out = np.zeros((8, 16), np.float32)
+    with pytest.raises(RuntimeError, match="staged tile"):
+        _C._nki_tile_gemm_chain_bf16([(ss, mv)], out, True)
+    with pytest.raises(RuntimeError, match="no products"):
+        _C._nki_tile_gemm_chain_bf16([], out, True)
+    with pytest.raises(RuntimeError, match="do not match"):
+        _C._nki_tile_gemm_chain_bf16([(ss, ms), (ss, ops.stage_tile(_bf16(rng, (4, 8)), False))], out, True)
+    with pytest.raises(RuntimeError, match="wrong roles"):
+        _C._nki_tile_gemm_chain_bf16([(ms, ss)], out, True)
+    # arrays and float32 tiles go through tile_gemm one product at a time
+    mf = rng.standard_normal((4, 16)).astype(np.float32)
+    want = ops.tile_gemm(ss, mf, ops.tile_gemm(s, mv, out.copy()))
+    assert np.array_equal(ops.tile_gemm_chain([(s, mv), (ss, mf)], out), want)
+
+
 def test_bf16_tile_gemm_binding_rejects_bad_arrays():
     from torchneuron import _C
     if not _C._nki_tile_gemm_bf16_available():

@@ -383,3 +383,69 @@ def test_a_lowered_launch_keeps_no_argument_alive(rng):
     gc.collect()
     assert kernel.cache_info()["lowered"] == 1
     assert all(r() is None for r in refs)
+
+
+@nki.jit
+def accumulate_and_peek(lhsT, rhs):
+    """``psum += nc_matmul`` runs broken by reads of the PSUM tile (the running sum
+    copied out after every second product) and by a product of computed tiles."""
+    k_dim, m_dim = lhsT.shape
+    n_dim = rhs.shape[1]
+    steps = nl.ndarray((k_dim // 256, m_dim, n_dim), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.zeros((m_dim, n_dim), nl.float32, buffer=nl.psum)
+    for k in nl.sequential_range(k_dim // 128):
+        a = nl.load(lhsT[k * 128:(k + 1) * 128, :])
+        b = nl.load(rhs[k * 128:(k + 1) * 128, :])
+        if k == 3:
+            a = nl.multiply(a, 2.0, dtype=lhsT.dtype)  # a computed tile: not the same for the whole launch
+        acc += nisa.nc_matmul(a, b)
+        if k % 2 == 1:
+            nl.store(steps[k // 2], value=nl.copy(acc))
+    return steps
+
+
+def test_psum_accumulation_runs_keep_their_order_around_reads(rng):
+    """The lowering runs a run of accumulating matmuls as one pass (lower._chain_gemms),
+    but never across a read of the PSUM tile or a product it cannot delay."""
+    kernel, interpreted = fresh(accumulate_and_peek), fresh(accumulate_and_peek, trace_cache=False)
+    for _ in range(3):
+        args = [rng.standard_normal(s).astype(nl.bfloat16) for s in ((1024, 128), (1024, 512))]
+        same_bits(kernel(*args), interpreted(*args))
+    assert kernel.cache_info()["lowered"] == 1, kernel.cache_info()
+
+
+@nki.jit
+def store_half(x):
+    """Writes the first half of its result only (the rest keeps its initial zeros)."""
+    out = nl.ndarray((128, x.shape[1]), dtype=x.dtype, buffer=nl.shared_hbm)
+    nl.store(out[:64, :], value=nl.load(x[:64, :]))
+    return out
+
+
+def test_launch_results_are_fresh_and_freed_without_a_garbage_collection(rng):
+    """A result written whole is allocated uninitialised and reused once the caller
+    lets go of it (no reference cycle keeps it until a collection); one written in
+    part keeps zeros where it is not written."""
+    import gc
+    from benchmarks.nki_kernels import matmul_kernel
+    kernel = fresh(matmul_kernel)
+    args = [rng.standard_normal(s).astype(nl.bfloat16) for s in ((256, 256), (256, 512))]
+    gc.disable()
+    try:
+        first = kernel(*args)
+        kept, second = first.copy(), kernel(*[a * 2 for a in args])
+        assert not np.shares_memory(first, second)
+        assert first.tobytes() == kept.tobytes()  # a live result is never reused
+        address = second.ctypes.data
+        del second
+        third = kernel(*args)
+        assert third.ctypes.data == address and third.tobytes() == kept.tobytes()
+        half = fresh(store_half)
+        x = rng.standard_normal((128, 512)).astype(np.float32)
+        for _ in range(3):
+            r = half(x)
+            assert np.array_equal(r[:64], x[:64]) and not r[64:].any()
+            r[64:] = 1.0  # garbage left for the next launch's storage
+            del r
+    finally:
+        gc.enable()

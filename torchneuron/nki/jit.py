@@ -109,6 +109,7 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     names = _param_names(fn)
     wargs = [wrap(a, names[i] if i < len(names) else f"arg{i}") for i, a in enumerate(args)]
     wkwargs = {k: wrap(v, k) for k, v in kwargs.items()}
+    del wrap  # (recursive: a cycle that would keep the arguments until a garbage collection)
     points = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
     if profile is not None:
         cache = None

@@ -42,7 +42,7 @@ from . import dtypes as _dt
 from . import isa as _isa
 from . import language as _nl
 from . import ops as _ops
-from .machine import Buffer, new_storage
+from .machine import Buffer, new_storage, reused_storage
 from .tensor import NkiTensor as _NkiTensor, align_to, assign as _assign_op
 from .trace import View, _Nested, _WHOLE, _STRIDED, _GATHER, _UINT_OF_SIZE
 
@@ -140,8 +140,8 @@ class FastProgram:
                     for i, op in enumerate(ops):
                         op(V, X, launch)
                 except NKIError as e:
-                    loc = self.locations[k][i]
-                    e.relocate(loc)
+                    if not getattr(e, "placed", False):  # (a chain of steps places its own)
+                        e.relocate(self.locations[k][i])
                     raise
             return _result(self.result, H, slot_meta)
         finally:
@@ -172,7 +172,9 @@ def _result(template, H, slot_meta):
                 return {k: make(v) for k, v in t.items}
             return t.kind(make(v) for v in t.items)
         return t
-    return make(template)
+    r = make(template)
+    del make  # (recursive: a cycle that would keep the results until a garbage collection)
+    return r
 
 
 class Lowerer:
@@ -190,6 +192,7 @@ class Lowerer:
         self.free_phys = {}            # (shape, dtype) -> [phys]
         self.hbm_slots = set(range(program.n_inputs))
         self.pv = {}                   # PSUM slot -> its psum_valid array, as the interpreter's would be
+        self.cover = {}                # new HBM tensor's slot -> [elements written so far, read before whole]
         self.fwd = {}                  # loaded slot -> [source vid, source slot, _Def, read once already]
         self.keep = []                 # gathered views (their ids are view-table keys)
 
@@ -238,6 +241,9 @@ class Lowerer:
         """Storage read (``NkiTensor.read``): a getter g(V)."""
         v = self.vid(view)
         self._touch_storage(view.slot)
+        c = self.cover.get(view.slot)
+        if c is not None and not c[0].all():
+            c[1] = True
         if view.kind == _GATHER:
             key = view.key
             return lambda V: V[v][key]
@@ -303,7 +309,9 @@ class Lowerer:
                     if isinstance(t, staged):
                         kept[key] = t
                     return t
-                return self.per_launch(key, make)
+                get = self.per_launch(key, make)
+                get.stable = True  # the same for the whole launch (_chain_gemms)
+                return get
             return lambda V, X: V[src]
         g = self.raw(view)
         return lambda V, X: g(V)
@@ -356,22 +364,26 @@ class Lowerer:
     def valid_region(self, view):
         """The part of the slot's simulated psum_valid array ``view`` covers (None if not PSUM)."""
         pv = self.pv.get(view.slot)
-        if pv is None or view.kind == _WHOLE:
-            return pv
+        return None if pv is None else self._region(pv, view)
+
+    def _region(self, flags, view):
+        """The part of ``flags`` (a bool array of the slot's shape) that ``view`` covers."""
+        if view.kind == _WHOLE:
+            return flags
         if view.kind == _GATHER:
-            return pv.reshape(-1)[view.key]  # (a copy)
+            return flags.reshape(-1)[view.key]  # (a copy)
         isz = self.meta[view.slot][3].itemsize
-        return np.lib.stride_tricks.as_strided(pv.reshape(-1)[view.offset // isz:], shape=view.shape,
+        return np.lib.stride_tricks.as_strided(flags.reshape(-1)[view.offset // isz:], shape=view.shape,
                                                strides=[st // isz for st in view.strides])
 
     def mark_valid(self, view):
-        if view.kind == _GATHER:
-            if view.slot in self.pv:
-                self.pv[view.slot].reshape(-1)[view.key] = True
-            return
-        r = self.valid_region(view)
-        if r is not None:
-            r[...] = True
+        for flags in (self.pv.get(view.slot), self.cover.get(view.slot, (None,))[0]):
+            if flags is None:
+                continue
+            if view.kind == _GATHER:
+                flags.reshape(-1)[view.key] = True
+            else:
+                self._region(flags, view)[...] = True
 
     def writer(self, view):
         """Closure w(V, values) doing ``NkiTensor.write(values)`` (no mask) into ``view``."""
@@ -549,10 +561,22 @@ def _ndarray(lw, step):
         shape, dt, _, st = lw.meta[slot]
         shape = tuple(shape)
         views = lw.slot_views.setdefault(slot, [])
+        # [written, read before whole, then (lower()) whether every element is
+        # written before any is read]: then its initial zeros are never seen
+        # (not tracked for tensors too large to reuse)
+        if np.prod(shape) * st.itemsize > reused_storage.largest:
+            cover = [None, True, False]
+        else:
+            cover = lw.cover[slot] = [np.zeros(shape, np.bool_), False]
 
         def op(V, X, L):
             alloc = L.hbm_allocator
-            data = alloc(shape, st) if alloc is not None else new_storage(shape, dt, L.debug)
+            if alloc is not None:
+                data = alloc(shape, st)
+            elif cover[2] and not L.debug:
+                data = reused_storage(shape, st)
+            else:
+                data = new_storage(shape, dt, L.debug)
             X[-1][slot] = data
             for vid, kind, vshape, off, strides in views:
                 V[vid] = _view(data, kind, vshape, off, strides)
@@ -642,12 +666,16 @@ def _load(lw, step, transpose):
 
 @lowering(_nl.load)
 def _lower_load(lw, step):
-    return _load(lw, step, False)
+    op = _load(lw, step, False)
+    op.loads = True  # writes only its own new tile (_inert)
+    return op
 
 
 @lowering(_nl.load_transpose2d)
 def _lower_load_t(lw, step):
-    return _load(lw, step, True)
+    op = _load(lw, step, True)
+    op.loads = True
+    return op
 
 
 def _copy_op(lw, value, dst):
@@ -769,6 +797,8 @@ def _update(lw, step):
 
         def op(V, X, L):
             gemm(*X[held], V[t])
+        if p[3]:
+            op.chain = (t, held)
         return op
     g, _, so = lw.operand(other)
     align = bool(so) and tuple(so) != tshape
@@ -917,13 +947,15 @@ def _product(lw, step, gs, gm):
     this step's frees may release them."""
     put, mm = lw.produce(step), _matmul_getter(gs, gm)
     slot, operands, taken = _single_bind(step), _matmul_operands(gs, gm), [False]
-    lw.product = (lw.step_index, slot, taken)
+    stable = getattr(gs, "stable", False) and getattr(gm, "stable", False)
+    lw.product = (lw.step_index, slot, taken, stable)
 
     def op(V, X, L):
         if taken[0]:
             X[slot] = operands(V, X)
         else:
             put(V, X, mm(V, X))
+    op.hands_off = taken  # [True]: it only hands its operands to the next step
     return op
 
 
@@ -1188,21 +1220,18 @@ def lower(program, slot_meta, debug):
         lw.exact[s] = False
     instances, locations = [], []
     for _, steps in program.instances:
-        ops, locs = [], []
-        lw.product = None  # (step index, slot, taken) of the last matmul into a new PSUM tile (_product)
+        steps_out = []  # (closure or None, frees, kernel line)
+        lw.product = None  # (step index, slot, taken, stable) of the last matmul into a new PSUM tile (_product)
         for lw.step_index, step in enumerate(steps):
             g = _LOWERINGS.get(step.fn)
             if g is None:
                 raise Decline(f"instruction {getattr(step.fn, '__name__', step.fn)}")
             op = g(lw, step)
-            frees = step.frees
-            for s in frees:
+            for s in step.frees:
                 lw.release(s)
-            if frees:
-                op = _with_frees(op, frees)
-            if op is not None:
-                ops.append(op)
-                locs.append(step.location)
+            if op is not None or step.frees:
+                steps_out.append((op, step.frees, step.location))
+        ops, locs = _chain_gemms(steps_out)
         instances.append(ops)
         locations.append(locs)
     # which view-table entries are over HBM (per launch) and which over preallocated buffers
@@ -1219,6 +1248,8 @@ def lower(program, slot_meta, debug):
             hbm_vids.append(vid)
         else:
             raise Decline("view of an unknown buffer")
+    for c in lw.cover.values():
+        c.append(bool(c[0].all()) and not c[1])
     _check_result(program.result, lw)
     return FastProgram(program.n_slots, len(lw.view_specs), instances, sorted(input_views.items()), onchip,
                        lw.phys, program.result, hbm_vids, locations)
@@ -1254,6 +1285,67 @@ def _check_result(t, lw):
     elif isinstance(t, _Nested):
         for x in t.items:
             _check_result(x[1] if t.kind is dict else x, lw)
+
+
+def _inert(op):
+    """Whether ``op`` only writes a tile of its own (a load) or hands a matmul's
+    operands on (``_product``): a PSUM accumulation may run after it."""
+    return op is not None and (getattr(op, "loads", False) or getattr(op, "hands_off", (False,))[0])
+
+
+def _chain_gemms(steps):
+    """The closures and kernel lines of ``steps`` [(op, frees, line)], with each
+    run of ``psum += nc_matmul(...)`` into one PSUM tile (operands the same for
+    the whole launch), separated only by inert steps, made one closure: the
+    inert steps in order, then the products added to the tile in order
+    (``ops.tile_gemm_chain``). Every element gets the same sums in the same
+    order; the tile is read and written once instead of once per product."""
+    ops, locs, i = [], [], 0
+    while i < len(steps):
+        op, frees, loc = steps[i]
+        target = getattr(op, "chain", (None,))[0]
+        run, j, last = [steps[i]], i + 1, i
+        while target is not None and j < len(steps):
+            o = steps[j][0]
+            if getattr(o, "chain", (None,))[0] == target:
+                last = j
+            elif not _inert(o):
+                break
+            run.append(steps[j])
+            j += 1
+        if last > i:
+            ops.append(_chain_op(run[:last - i + 1], target))
+            locs.append(loc)
+            i = last + 1
+            continue
+        if op is not None or frees:
+            ops.append(_with_frees(op, frees) if frees else op)
+            locs.append(loc)
+        i += 1
+    return ops, locs
+
+
+def _chain_op(run, target):
+    from .errors import NKIError
+    chain = _ops.tile_gemm_chain
+    seq = [(getattr(op, "chain", (None, None))[1], op, tuple(frees), loc) for op, frees, loc in run]
+
+    def op(V, X, L):
+        pairs = []
+        for held, f, frees, loc in seq:
+            if held is not None:
+                pairs.append(X[held])
+            elif f is not None:
+                try:
+                    f(V, X, L)
+                except NKIError as e:
+                    e.relocate(loc)
+                    e.placed = True
+                    raise
+            for s in frees:
+                X[s] = None
+        chain(pairs, V[target])
+    return op
 
 
 def _with_frees(op, frees):

@@ -354,6 +354,17 @@ def stage_tile(a: np.ndarray, stationary: bool, into=None):
     return a
 
 
+def tile_gemm_chain(pairs, out: np.ndarray) -> np.ndarray:
+    """``tile_gemm(s, m, out)`` for each (s, m) of ``pairs`` in turn: the same
+    bits, in one pass over ``out`` where every operand is a ``StagedTile``."""
+    if BF16_TILE_GEMM and out.strides[1] == 4 and all(isinstance(x, StagedTile) for p in pairs for x in p):
+        _C_NKI._nki_tile_gemm_chain_bf16(pairs, out, True)
+        return out
+    for s, m in pairs:
+        tile_gemm(s, m, out)
+    return out
+
+
 def tile_gemm(s, m, out: np.ndarray | None = None) -> np.ndarray:
     """``s.T @ m`` in float32 for 2-D tiles ``s`` (K x M) and ``m`` (K x N); with
     ``out`` (float32, M x N), ``out += s.T @ m`` (the sum rounded, then added).

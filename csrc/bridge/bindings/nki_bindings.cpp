@@ -83,6 +83,21 @@ void bind_nki(py::module_& m) {
     py::gil_scoped_release no_gil;
     nki_host::bf16_gemm(s, mv, o, accumulate);
   }, py::arg("stationary"), py::arg("moving"), py::arg("out").noconvert(), py::arg("accumulate"));
+  // ([(stationary, moving) _NkiStagedTile pairs], out float32 M x N,
+  // accumulate): the pairs' GEMMs in turn into `out` (nki_host::bf16_gemm_chain)
+  m.def("_nki_tile_gemm_chain_bf16", [](const std::vector<std::pair<py::object, py::object>>& pairs, py::array& out,
+                                        bool accumulate) {
+    std::vector<nki_host::GemmPair> chain;
+    chain.reserve(pairs.size());
+    for (const auto& [s, mv] : pairs) {
+      TORCH_CHECK(py::isinstance<StagedTile>(s) && py::isinstance<StagedTile>(mv),
+                  "_nki_tile_gemm_chain_bf16: every operand must be a staged tile");
+      chain.push_back({&s.cast<const StagedTile&>().staged, &mv.cast<const StagedTile&>().staged});
+    }
+    auto o = matrix<float>(out, "out");
+    py::gil_scoped_release no_gil;
+    nki_host::bf16_gemm_chain(chain, o, accumulate);
+  }, py::arg("pairs"), py::arg("out").noconvert(), py::arg("accumulate"));
   // (src float32, C-contiguous; dst bfloat16 of the same shape, C-contiguous
   // or 2-D with contiguous rows, such as a tile's view of HBM)
   m.def("_nki_round_to_bf16", [](const py::array& src, py::array& dst) {

@@ -1,6 +1,6 @@
 // The Tensor Engine's bfloat16 tile GEMM (nki_host.h) on the host's AMX
 // tiles, written for the NKI tile shapes: at most 128 x 128 x 512, one call per
-// instruction, on the calling thread. Compiled for AMX alone by the target
+// instruction or per chain of instructions into one PSUM tile. Compiled for AMX alone by the target
 // pragma below; x86-64 only, run only where amx_gemm_ready() says so.
 //
 // The sum each output element gets: tile zero, then TDPBF16PS over k in
@@ -9,6 +9,8 @@
 // inputs and results are taken as zero). Padding up to whole tiles adds +0,
 // which leaves every sum that starts at +0 as it is.
 #if defined(__x86_64__)
+
+#include <ATen/Parallel.h>
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -48,6 +50,9 @@ struct alignas(64) TileConfig {
 };
 
 constexpr int64_t kBlock = 32;  // output block: 2 x 2 tiles of 16 x 16
+// The smallest chain (multiply-adds) split between two threads of the intra-op
+// pool: two full tile GEMMs. A single tile GEMM does not pay for the wake-up.
+constexpr int64_t kParallelMacs = int64_t{1} << 24;
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -137,59 +142,82 @@ void amx_stage(Matrix<const uint16_t> x, bool stationary, StagedOperand& into) {
     }
 }
 
-void amx_gemm(const StagedOperand& stationary, const StagedOperand& moving, Matrix<float> out, bool accumulate) {
-  const int64_t M = stationary.cols, N = moving.cols;
-  const int64_t ksteps = round_up(stationary.rows, 32) / 32;
-  const int64_t Mp = round_up(M, kBlock), Np = round_up(N, kBlock);
+namespace {
+
+// Output columns [n_begin, n_end) (multiples of kBlock) of amx_gemm_chain.
+void amx_chain_columns(const GemmPair* pairs, int64_t n_pairs, Matrix<float> out, bool accumulate,
+                       int64_t n_begin, int64_t n_end) {
+  const int64_t M = pairs[0].stationary->cols, N = pairs[0].moving->cols;
+  const int64_t Mp = round_up(M, kBlock);
   static const TileConfig config;
-  _tile_loadconfig(&config);
+  _tile_loadconfig(&config);  // per thread: the tile configuration is thread state
   constexpr int64_t kTileBytes = 1024, kRowBytes = 64, ldc = kBlock * 4;
-  const char* A = reinterpret_cast<const char*>(stationary.pairs.data());
-  const char* B = reinterpret_cast<const char*>(moving.pairs.data());
-  // A block's sums are added to `out` while the matrix unit computes the next
-  // block (two block buffers): reading a tile store back at once would wait
+  // A product's sums are added to `out` while the matrix unit computes the
+  // next one (two sum buffers): reading a tile store back at once would wait
   // for it to reach the cache.
   alignas(64) float sums[2][kBlock * kBlock];
-  const auto add_block = [&](int64_t m0, int64_t n0, const float* r) {
+  const auto add_block = [&](int64_t m0, int64_t n0, const float* r, bool add) {
     const int64_t rows = std::min(kBlock, M - m0), cols = std::min(kBlock, N - n0);
     for (int64_t i = 0; i < rows; ++i, r += kBlock) {
       float* o = out.data + (m0 + i) * out.row_stride + n0;
-      if (accumulate)  // the PSUM adder: one add per element
+      if (add)  // the PSUM adder: one add per element
         for (int64_t j = 0; j < cols; ++j) o[j] += r[j];
       else
         std::memcpy(o, r, cols * sizeof(float));
     }
   };
   int64_t pending_m = -1, pending_n = -1, count = 0;
-  // n outer: the two column strips of B (2 x ksteps tiles) stay in L1 across m.
-  for (int64_t n0 = 0; n0 < Np; n0 += kBlock)
-    for (int64_t m0 = 0; m0 < Mp; m0 += kBlock, ++count) {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      const char* a = A + (m0 / 16) * ksteps * kTileBytes;
-      const char* b = B + (n0 / 16) * ksteps * kTileBytes;
-      for (int64_t ks = 0; ks < ksteps; ++ks) {
-        _tile_loadd(4, a + ks * kTileBytes, kRowBytes);
-        _tile_loadd(5, a + (ksteps + ks) * kTileBytes, kRowBytes);
-        _tile_loadd(6, b + ks * kTileBytes, kRowBytes);
-        _tile_loadd(7, b + (ksteps + ks) * kTileBytes, kRowBytes);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+  bool pending_add = false;
+  // n outer, then the pairs, then m: the output's column strip (M x 32) stays
+  // in L1 while every product is added to it in turn, and a pair's B strip
+  // across m.
+  for (int64_t n0 = n_begin; n0 < n_end; n0 += kBlock)
+    for (int64_t p = 0; p < n_pairs; ++p) {
+      const int64_t ksteps = round_up(pairs[p].stationary->rows, 32) / 32;
+      for (int64_t m0 = 0; m0 < Mp; m0 += kBlock, ++count) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        const char* a = reinterpret_cast<const char*>(pairs[p].stationary->pairs.data()) + (m0 / 16) * ksteps * kTileBytes;
+        const char* b = reinterpret_cast<const char*>(pairs[p].moving->pairs.data()) + (n0 / 16) * ksteps * kTileBytes;
+        for (int64_t ks = 0; ks < ksteps; ++ks) {
+          _tile_loadd(4, a + ks * kTileBytes, kRowBytes);
+          _tile_loadd(5, a + (ksteps + ks) * kTileBytes, kRowBytes);
+          _tile_loadd(6, b + ks * kTileBytes, kRowBytes);
+          _tile_loadd(7, b + (ksteps + ks) * kTileBytes, kRowBytes);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+        }
+        char* c = reinterpret_cast<char*>(sums[count % 2]);
+        _tile_stored(0, c, ldc);
+        _tile_stored(1, c + 64, ldc);
+        _tile_stored(2, c + 16 * ldc, ldc);
+        _tile_stored(3, c + 16 * ldc + 64, ldc);
+        if (pending_m >= 0) add_block(pending_m, pending_n, sums[(count + 1) % 2], pending_add);
+        pending_m = m0, pending_n = n0, pending_add = accumulate || p > 0;
       }
-      char* c = reinterpret_cast<char*>(sums[count % 2]);
-      _tile_stored(0, c, ldc);
-      _tile_stored(1, c + 64, ldc);
-      _tile_stored(2, c + 16 * ldc, ldc);
-      _tile_stored(3, c + 16 * ldc + 64, ldc);
-      if (pending_m >= 0) add_block(pending_m, pending_n, sums[(count + 1) % 2]);
-      pending_m = m0, pending_n = n0;
     }
-  add_block(pending_m, pending_n, sums[(count + 1) % 2]);
+  if (pending_m >= 0) add_block(pending_m, pending_n, sums[(count + 1) % 2], pending_add);
   _tile_release();
+}
+
+} // namespace
+
+void amx_gemm_chain(const GemmPair* pairs, int64_t n_pairs, Matrix<float> out, bool accumulate) {
+  const int64_t blocks = round_up(pairs[0].moving->cols, kBlock) / kBlock;
+  int64_t macs = 0;
+  for (int64_t p = 0; p < n_pairs; ++p) macs += pairs[p].stationary->rows;
+  macs *= pairs[0].stationary->cols * pairs[0].moving->cols;
+  // Threads own disjoint output columns, so every element's sum is the one a
+  // single thread computes. Work too small to pay for waking the intra-op
+  // pool stays on the calling thread.
+  const int64_t grain = macs >= kParallelMacs ? (blocks + 1) / 2 : blocks;
+  at::parallel_for(0, blocks, grain, [&](int64_t b, int64_t e) {
+    amx_chain_columns(pairs, n_pairs, out, accumulate, b * kBlock, e * kBlock);
+  });
 }
 
 #pragma GCC pop_options

@@ -12,7 +12,7 @@ namespace torchneuron::nki_host {
 // nki_gemm_amx.cpp
 bool amx_gemm_ready();
 void amx_stage(Matrix<const uint16_t> x, bool stationary, StagedOperand& into);
-void amx_gemm(const StagedOperand& stationary, const StagedOperand& moving, Matrix<float> out, bool accumulate);
+void amx_gemm_chain(const GemmPair* pairs, int64_t n_pairs, Matrix<float> out, bool accumulate);
 #endif
 
 bool bf16_gemm_available() {
@@ -42,10 +42,17 @@ void check_shapes(int64_t k, int64_t m, int64_t moving_k, int64_t n, const Matri
 } // namespace
 
 void bf16_gemm(const StagedOperand& stationary, const StagedOperand& moving, Matrix<float> out, bool accumulate) {
-  TORCH_CHECK(stationary.stationary && !moving.stationary, "nki_host::bf16_gemm: operands staged in the wrong roles");
-  check_shapes(stationary.rows, stationary.cols, moving.rows, moving.cols, out);
+  bf16_gemm_chain({GemmPair{&stationary, &moving}}, out, accumulate);
+}
+
+void bf16_gemm_chain(const std::vector<GemmPair>& pairs, Matrix<float> out, bool accumulate) {
+  TORCH_CHECK(!pairs.empty(), "nki_host::bf16_gemm_chain: no products");
+  for (const auto& [s, m] : pairs) {
+    TORCH_CHECK(s->stationary && !m->stationary, "nki_host::bf16_gemm: operands staged in the wrong roles");
+    check_shapes(s->rows, s->cols, m->rows, m->cols, out);
+  }
 #if defined(__x86_64__)
-  amx_gemm(stationary, moving, out, accumulate);
+  amx_gemm_chain(pairs.data(), static_cast<int64_t>(pairs.size()), out, accumulate);
 #endif
 }
 

@@ -46,9 +46,22 @@ void stage(Matrix<const uint16_t> x, bool stationary, StagedOperand& into);
 
 // sum[m][n] = sum over k of stationary[k][m] * moving[k][n]; `out` (M x N)
 // becomes the sum, or with `accumulate` out + sum (the PSUM adder: the sum is
-// rounded to float32 before it is added). Runs on the calling thread; the
-// caller owns the operands and `out`.
+// rounded to float32 before it is added). The caller owns the operands and
+// `out`.
 void bf16_gemm(const StagedOperand& stationary, const StagedOperand& moving, Matrix<float> out, bool accumulate);
+
+// One product of a chain; the chain does not own the operands.
+struct GemmPair {
+  const StagedOperand* stationary;
+  const StagedOperand* moving;
+};
+
+// bf16_gemm of each pair in turn into the same `out` (every pair M x N, K its
+// own), the first with `accumulate`, the rest accumulating: the same sums
+// added in the same order as one bf16_gemm per pair, with `out` read and
+// written once per output block instead of once per pair. Large chains run
+// on two threads of the intra-op pool, each owning whole output columns.
+void bf16_gemm_chain(const std::vector<GemmPair>& pairs, Matrix<float> out, bool accumulate);
 
 // dst[i] = src[i] rounded to bfloat16 (its bits), for i < n.
 void round_to_bf16(const float* src, uint16_t* dst, int64_t n);
