@@ -69,7 +69,7 @@ def _stacks(procs) -> str:
     for p in procs:
         r = subprocess.run(["gdb", "-p", str(p.pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
                            capture_output=True, text=True, timeout=120)
-        out.append(f"--- rank pid {p.pid} ---\n{r.stdout[-20000:]}")
+        out.append(f"--- rank pid {p.pid} ---\n{r.stdout[-400000:]}")
     return "\n".join(out)
 
 

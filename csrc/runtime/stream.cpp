@@ -77,6 +77,43 @@ uint64_t Stream::enqueue(TaskName name, TaskBody run) {
 }
 
 uint64_t Stream::enqueue(Task task) {
+  const uint64_t seq = push(std::move(task), true);
+  if (device_.launch_blocking()) {
+    // Debug mode: the launch returns once the task ran, and raises its error.
+    wait_until(seq);
+    device_.raise_pending_error();
+  }
+  return seq;
+}
+
+uint64_t Stream::enqueue_external(TaskName name, TaskBody run, std::shared_ptr<ExternalEnd> end) {
+  ExternalEnd& e = *end;
+  e.stream_ = this;
+  e.name_ = name.str();
+  e.executor_completes_ = device_.observed() || memcheck::on();
+  const bool host_may_reach = !run && !e.executor_completes_;
+  Task task;
+  task.name = std::move(name);
+  task.run = std::move(run);
+  task.end = std::move(end);
+  // The executor's wake-up is what the external end saves: skipped when the
+  // host can reach the task itself, which it may once every earlier task is
+  // done (completed_ moves only through this task now). The executor passes
+  // such slots when later work wakes it, or every kHostReachedRun of them, so
+  // that they do not pile up.
+  constexpr uint64_t kHostReachedRun = 32;
+  const uint64_t seq = push(std::move(task), !host_may_reach);
+  const bool reached = host_may_reach && completed_.load(std::memory_order_seq_cst) + 1 == seq;
+  if (reached && e.reach()) on_external_finished(e);
+  if (host_may_reach && (!reached || seq % kHostReachedRun == 0)) wake_executor();
+  if (device_.launch_blocking()) {
+    wait_until(seq);
+    device_.raise_pending_error();
+  }
+  return seq;
+}
+
+uint64_t Stream::push(Task task, bool wake) {
   task.enqueued_ns = now_ns();
   if (device_.observed()) task.launcher = this_launcher();
   const int64_t linger = task.open ? task.open->linger_ns() : 0;
@@ -94,6 +131,7 @@ uint64_t Stream::enqueue(Task task) {
     }
     Slot& slot = tail_->slots[tail_pos_++];
     seq = task.seq = enqueued_.load(std::memory_order_relaxed) + 1;
+    if (task.end) task.end->seq_ = seq;
     slot.task = std::move(task);
     slot.linger_until.store(linger_until, std::memory_order_relaxed);
     slot.state.store(kReady, std::memory_order_release);
@@ -103,16 +141,15 @@ uint64_t Stream::enqueue(Task task) {
     enqueued_.store(seq, std::memory_order_seq_cst);
     if (!executor_.joinable()) executor_ = std::thread([this] { executor_loop(); });
   }
+  if (wake) wake_executor();
+  return seq;
+}
+
+void Stream::wake_executor() {
   if (executor_sleeping_.load(std::memory_order_seq_cst)) {
     std::lock_guard<std::mutex> lock(sleep_mu_);
     work_cv_.notify_one();
   }
-  if (device_.launch_blocking()) {
-    // Debug mode: the launch returns once the task ran, and raises its error.
-    wait_until(seq);
-    device_.raise_pending_error();
-  }
-  return seq;
 }
 
 void Stream::run_one(Task& task) {
@@ -121,28 +158,112 @@ void Stream::run_one(Task& task) {
   const bool cancelled = task.seq <= cancelled_through_.load(std::memory_order_acquire);
   const bool checked = memcheck::on() && !cancelled;
   if (checked) memcheck::task_hook(device_.index(), id_, task, false);
+  bool failed = false;
   try {
-    if (!cancelled) task.run();
-  } catch (const std::exception& e) {
-    device_.record_error(AsyncError(device_.index(), id_, task.name.str(), e.what(), std::current_exception()));
+    if (!cancelled && task.run) task.run();
   } catch (...) {
-    device_.record_error(
-        AsyncError(device_.index(), id_, task.name.str(), "unknown exception", std::current_exception()));
+    record_failure(task.name.str(), std::current_exception());
+    failed = true;
   }
-  task.finished_ns = now_ns();
+  // An external task whose body failed, or was cancelled, never started its work.
+  const bool completes = !task.end || await_end(*task.end, cancelled || failed);
+  task.finished_ns = task.end ? task.end->finished_ns_ : now_ns();
   if (checked) memcheck::task_hook(device_.index(), id_, task, true);
-  device_.busy_time().task_finished(task.finished_ns);
+  device_.busy_time().task_finished(std::max(task.finished_ns, task.started_ns));
   if (!cancelled) device_.observe(id_, task);
   task.run = nullptr;  // release captures before the task counts as done
   task.open.reset();
+  const std::shared_ptr<ExternalEnd> end = std::move(task.end);
+  if (!completes) return;
+  complete(task.seq);
+  if (end) end->completed();
+}
+
+void Stream::complete(uint64_t seq) {
   // Without the lock unless a host waits: a waiter registers (under the lock)
   // before it reads completed_, and both sides' accesses are sequentially
   // consistent, so either this sees the waiter or the waiter sees this store.
-  completed_.store(task.seq, std::memory_order_seq_cst);
+  completed_.store(seq, std::memory_order_seq_cst);
   if (host_waiters_.load(std::memory_order_seq_cst) > 0) {
     std::lock_guard<std::mutex> lock(sleep_mu_);
     done_cv_.notify_all();
   }
+}
+
+void Stream::record_failure(const std::string& task, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    device_.record_error(AsyncError(device_.index(), id_, task, e.what(), error));
+  } catch (...) {
+    device_.record_error(AsyncError(device_.index(), id_, task, "unknown exception", error));
+  }
+}
+
+bool ExternalEnd::reach() {
+  const uint32_t before = state_.fetch_or(kReached, std::memory_order_acq_rel);
+  return (before & kFinished) && !(before & kReached);
+}
+
+void ExternalEnd::finish(std::exception_ptr error) {
+  if (called_.exchange(true, std::memory_order_acq_rel)) return;
+  error_ = std::move(error);
+  finished_ns_ = now_ns();
+  if (state_.fetch_or(kFinished, std::memory_order_acq_rel) & kReached) stream_->on_external_finished(*this);
+}
+
+void ExternalEnd::then(std::shared_ptr<ExternalEnd> next) {
+  {
+    std::lock_guard<std::mutex> lock(then_mu_);
+    if (!completed_) {
+      next_.push_back(std::move(next));
+      return;
+    }
+  }
+  next->finish();
+}
+
+void ExternalEnd::completed() {
+  std::vector<std::shared_ptr<ExternalEnd>> next;
+  {
+    std::lock_guard<std::mutex> lock(then_mu_);
+    completed_ = true;
+    next.swap(next_);
+  }
+  for (auto& n : next) n->finish();  // a failure is the device's error already
+}
+
+// On the thread that made the task's end the second of the two events.
+void Stream::on_external_finished(ExternalEnd& e) {
+  if (!e.executor_completes_) {
+    if (e.error_) record_failure(e.name_, e.error_);
+    complete(e.seq_);
+    e.completed();
+  }
+  if (awaiting_end_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(sleep_mu_);
+    work_cv_.notify_all();
+  }
+}
+
+bool Stream::await_end(ExternalEnd& e, bool give_up) {
+  if (give_up) e.finish();
+  const bool completes = e.reach() || e.executor_completes_;
+  auto ended = [&] {
+    return completes ? (e.state_.load(std::memory_order_acquire) & ExternalEnd::kFinished) != 0
+                     : completed_.load(std::memory_order_seq_cst) >= e.seq_;
+  };
+  while (!ended()) {
+    std::unique_lock<std::mutex> lock(sleep_mu_);
+    awaiting_end_.store(true, std::memory_order_seq_cst);
+    work_cv_.wait(lock, [&] { return ended() || stopping_; });
+    awaiting_end_.store(false, std::memory_order_relaxed);
+    if (ended()) break;
+    lock.unlock();
+    e.finish();  // the stream is being destroyed: its executor stops waiting
+  }
+  if (completes && e.error_) record_failure(e.name_, e.error_);
+  return completes;
 }
 
 void Stream::executor_loop() {
@@ -234,7 +355,9 @@ bool Stream::wait_until(uint64_t seq, int64_t deadline_ns) {
     std::atomic<int>& waiters;
     ~Unregister() { --waiters; }
   } unregister{host_waiters_};
-  if (executor_sleeping_) work_cv_.notify_one();  // a lingering task starts now
+  // A lingering task (an open one) starts now. Only such a task sleeps with
+  // work queued but for the slots the host reached, which need no executor.
+  if (executor_sleeping_ && open_waiting_.load(std::memory_order_relaxed) > 0) work_cv_.notify_one();
   if (!check && deadline_ns == kNoDeadline) {
     done_cv_.wait(lock, done);
     return true;

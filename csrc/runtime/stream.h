@@ -20,7 +20,11 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
+#include <memory>
+#include <string>
+#include <vector>
 #include <mutex>
 #include <thread>
 
@@ -37,6 +41,48 @@ using WaitInterruptCheck = void (*)();
 void set_wait_interrupt_check(WaitInterruptCheck check);
 WaitInterruptCheck wait_interrupt_check();
 
+class Stream;
+
+// The end of a task whose work another engine carries out (gloo runs the
+// neuron backend's collectives on its own threads). That engine calls
+// finish() when the work is done. The task is done once its executor has
+// reached it (every earlier task of the stream has run) and finish() has been
+// called, and whichever of the two comes second completes it: so the
+// engine's completion wakes a host waiting for the stream itself, with no
+// executor woken in between. Held by the task and by the engine's callback.
+class ExternalEnd {
+ public:
+  // From any thread; the first call counts, later ones do nothing. `error`:
+  // the work failed, and becomes the device's error, named after the task.
+  void finish(std::exception_ptr error = nullptr);
+  // Finishes `next` (another stream's external task) once this task counts
+  // as done on its stream: at once if it does already. A stream waits for
+  // another this way with no executor woken on either side.
+  void then(std::shared_ptr<ExternalEnd> next);
+
+ private:
+  friend class Stream;
+  enum : uint32_t { kReached = 1, kFinished = 2 };
+  // Sets kReached; true if that completes the task (finish() came first).
+  bool reach();
+  void completed();  // the task counts as done: finishes what follows it
+
+  // Set when the task is queued, before the executor can see it.
+  Stream* stream_ = nullptr;
+  uint64_t seq_ = 0;
+  std::string name_;
+  // A task observer (the profiler) or the memory checker must see the task
+  // end before it counts as done: the executor completes it then.
+  bool executor_completes_ = false;
+  std::atomic<bool> called_{false};
+  std::atomic<uint32_t> state_{0};
+  std::exception_ptr error_;  // written before kFinished
+  int64_t finished_ns_ = 0;   // likewise
+  std::mutex then_mu_;
+  bool completed_ = false;
+  std::vector<std::shared_ptr<ExternalEnd>> next_;
+};
+
 class Stream {
  public:
   Stream(Device& device, int id);
@@ -51,6 +97,11 @@ class Stream {
   // the task has run (and any error has been raised) when this returns.
   uint64_t enqueue(Task task);
   uint64_t enqueue(TaskName name, TaskBody run);
+  // Queues a task that ends when `end->finish()` is called, not when `run`
+  // returns (`run` may be empty; it typically starts the work). A task with
+  // no body queued behind finished work is reached at once: the executor is
+  // not woken for it at all.
+  uint64_t enqueue_external(TaskName name, TaskBody run, std::shared_ptr<ExternalEnd> end);
 
   // Sequence number of the newest queued task (0 if none yet).
   uint64_t last_enqueued() const { return enqueued_.load(std::memory_order_acquire); }
@@ -86,13 +137,21 @@ class Stream {
   void cancel_pending();
 
  private:
+  friend class ExternalEnd;
   struct Slot;
   struct Segment;
 
+  uint64_t push(Task task, bool wake);  // hosts: queues it, waking a sleeping executor if `wake`
+  void wake_executor();
   Slot* head_slot();       // executor: the next slot to run, or null at a segment's end
   Slot* next_task();       // executor: the next task, claimed; null once stopping and idle
   bool idle();             // executor: spins, then sleeps until work comes; false when stopping
   void run_one(Task& task);
+  // executor: waits for an external task's end; true if the executor completes it
+  bool await_end(ExternalEnd& end, bool give_up);
+  void on_external_finished(ExternalEnd& end);  // finish() after the task was reached
+  void complete(uint64_t seq);  // task `seq` counts as done; waiting hosts wake
+  void record_failure(const std::string& task, std::exception_ptr error);
   void executor_loop();
 
   Device& device_;
@@ -123,6 +182,7 @@ class Stream {
   std::condition_variable work_cv_;  // executor waits for work
   std::condition_variable done_cv_;  // hosts wait for completion
   std::atomic<bool> executor_sleeping_{false};
+  std::atomic<bool> awaiting_end_{false};  // the executor sleeps until an external task ends
   // Hosts blocked in wait_until (changed under sleep_mu_). An executor
   // finishing a task takes sleep_mu_ to wake them only when there are any.
   std::atomic<int> host_waiters_{0};

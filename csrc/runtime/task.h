@@ -153,6 +153,8 @@ struct Launcher {
   int32_t thread = 0;
 };
 
+class ExternalEnd;  // stream.h
+
 struct Task {
   TaskName name;
   TaskBody run;
@@ -162,6 +164,7 @@ struct Task {
   int64_t finished_ns = 0;   // device time the task ended
   Launcher launcher;         // set on enqueue while observed
   std::shared_ptr<OpenWork> open;  // null for work that cannot change once queued
+  std::shared_ptr<ExternalEnd> end;  // null: the task ends when `run` returns
 };
 
 // Called on the executor thread after every task (profiler feed). Must be cheap.

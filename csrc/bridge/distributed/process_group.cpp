@@ -4,8 +4,10 @@
 #include <c10/core/StreamGuard.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdio>
 #include <iostream>
+#include <thread>
 
 #include "../allocator.h"
 #include "../device_state.h"
@@ -72,6 +74,10 @@ struct CallState {
   // ahead of its receive.) `keep` holds the tensors until gloo is done.
   bool p2p = false;
   std::vector<at::Tensor> keep;
+  // The others: their task ends when gloo's completion callback (or the
+  // watchdog) finishes `end`, once (`ended`).
+  std::shared_ptr<rt::ExternalEnd> end;
+  std::atomic<bool> ended{false};
   std::chrono::steady_clock::time_point start;
   mutable std::mutex mu;
   c10::intrusive_ptr<Work> inner;
@@ -93,9 +99,9 @@ struct CallState {
 namespace {
 
 // A failed collective: reported on stderr at once (a rank whose host never
-// synchronises still says why it stopped) and thrown as DistBackendError
-// naming it, so that the device keeps it as its error.
-[[noreturn]] void fail(CallState& s, const std::exception& e) {
+// synchronises still says why it stopped) and kept as a DistBackendError
+// naming it, which the device keeps as its error. Returns that error.
+std::exception_ptr failed(CallState& s, const std::exception& e) {
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.start).count();
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   const std::string message = "neuron backend: " + s.what + " failed after " + seconds(elapsed) + " s (timeout " +
@@ -114,15 +120,16 @@ namespace {
     s.keep.clear();
   }
   if (s.host_future && !s.host_future->completed()) s.host_future->setError(error);
-  std::rethrow_exception(error);
+  return error;
 }
 
-// gloo's work, waited for no longer than the timeout and the grace.
-void finish_collective(CallState& s, const c10::intrusive_ptr<Work>& work) {
+// A point-to-point call's end: gloo's work, waited for no longer than the
+// timeout and the grace.
+void finish_p2p(CallState& s, const c10::intrusive_ptr<Work>& work) {
   try {
     work->wait(s.timeout + kWatchdogGrace);
   } catch (const std::exception& e) {
-    fail(s, e);
+    std::rethrow_exception(failed(s, e));
   }
   {
     std::lock_guard<std::mutex> lock(s.mu);
@@ -130,6 +137,120 @@ void finish_collective(CallState& s, const c10::intrusive_ptr<Work>& work) {
   }
   if (s.host_future && !s.host_future->completed())
     s.host_future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+}
+
+// A collective's end, once: gloo's, error or not, or the watchdog's.
+void end_collective(CallState& s, const std::exception_ptr& gloo_error) {
+  if (s.ended.exchange(true, std::memory_order_acq_rel)) return;
+  std::exception_ptr error;
+  if (gloo_error) {
+    try {
+      std::rethrow_exception(gloo_error);
+    } catch (const std::exception& e) {
+      error = failed(s, e);
+    } catch (...) {
+      error = failed(s, std::runtime_error("unknown exception"));
+    }
+  } else if (s.host_future) {
+    s.host_future->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
+  }
+  s.end->finish(error);
+}
+
+// Ends the collectives gloo has not finished by their timeout and the grace
+// (gloo's own timeout normally fires first), so that no rank waits forever
+// for a gloo that never returns: one thread for the process that looks once
+// a second and is never woken for a collective, so a call costs one push.
+// It also destroys the calls whose last reference a device thread would
+// drop (release_off_device).
+class Watchdog {
+ public:
+  static Watchdog& get() {
+    static Watchdog* watchdog = new Watchdog();  // never destroyed: its thread runs until the process ends
+    return *watchdog;
+  }
+  void watch(const std::shared_ptr<CallState>& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_.push_back(s);  // weak: an ended call's tensors go with its Work
+  }
+  void bury(std::shared_ptr<CallState> s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    graves_.push_back(std::move(s));
+    graves_cv_.notify_one();
+  }
+
+ private:
+  Watchdog() { std::thread([this] { loop(); }).detach(); }
+  void loop() {
+    auto next_look = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    for (;;) {
+      std::vector<std::shared_ptr<CallState>> graves, overdue;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        graves_cv_.wait_until(lock, next_look, [&] { return !graves_.empty(); });
+        graves.swap(graves_);
+        const auto now = std::chrono::steady_clock::now();
+        if (now >= next_look) {
+          next_look = now + std::chrono::seconds(1);
+          std::erase_if(calls_, [&](const std::weak_ptr<CallState>& weak) {
+            auto s = weak.lock();
+            if (!s || s->ended.load(std::memory_order_acquire)) return true;
+            if (now - s->start <= s->timeout + kWatchdogGrace) return false;
+            overdue.push_back(std::move(s));
+            return true;
+          });
+        }
+      }
+      graves.clear();  // here, where taking the interpreter's lock blocks nobody
+      for (auto& s : overdue)
+        end_collective(*s, std::make_exception_ptr(std::runtime_error(
+                               "gloo did not finish it within the timeout and a grace of " +
+                               seconds(kWatchdogGrace.count() / 1000.0) + " s (the watchdog ended it)")));
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable graves_cv_;
+  std::vector<std::weak_ptr<CallState>> calls_;
+  std::vector<std::shared_ptr<CallState>> graves_;
+};
+
+// Drops a device thread's reference to a call. Not the last one there:
+// destroying gloo's Work takes the interpreter's lock (its saved thread-local
+// state), which a host waiting for the device may hold, so the watchdog's
+// thread destroys it instead.
+struct OffDevice {
+  std::shared_ptr<CallState>& s;
+  ~OffDevice() {
+    if (s.use_count() == 1) Watchdog::get().bury(std::move(s));
+    else s.reset();
+  }
+};
+
+// Has gloo's completion callback end the collective's task: on gloo's
+// thread, or at once if gloo is done already; no device thread waits for it.
+// A Work without a future (gloo's LambdaWork, as its reduce_scatter returns)
+// is waited for on the communication stream instead, by the returned body.
+rt::TaskBody await_gloo(const std::shared_ptr<CallState>& s, const c10::intrusive_ptr<Work>& work) {
+  Watchdog::get().watch(s);
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work->getFuture();
+  } catch (const c10::Error&) {
+  }
+  if (future) {
+    future->addCallback([s](c10::ivalue::Future& f) { end_collective(*s, f.hasError() ? f.exception_ptr() : nullptr); });
+    return {};
+  }
+  return [s = s]() mutable {  // a copy it owns (not const): OffDevice drops it
+    OffDevice off{s};
+    std::exception_ptr error;
+    try {
+      s->issued()->wait(s->timeout + kWatchdogGrace);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    end_collective(*s, error);
+  };
 }
 
 // gloo's call. A failure is the state's error (and reported): null then.
@@ -140,23 +261,21 @@ c10::intrusive_ptr<Work> issue(CallState& s, c10d::Backend& gloo, const NeuronBa
     std::lock_guard<std::mutex> lock(s.mu);
     return s.inner = work;
   } catch (const std::exception& e) {
-    try {
-      fail(s, e);
-    } catch (...) {
-    }
+    failed(s, e);
   }
   return nullptr;
 }
 
-// A collective's task, on its communication stream: gloo's call unless the
-// host made it (`unissued` is null then; else the count to take it off once
-// made), then (but for point-to-point) its end.
-void run_collective(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch,
-                    std::atomic<int>* unissued) {
-  c10::intrusive_ptr<Work> work = unissued ? issue(s, gloo, launch) : s.issued();
-  if (unissued) unissued->fetch_sub(1, std::memory_order_acq_rel);
-  if (!work) std::rethrow_exception(s.failure());
-  if (!s.p2p) finish_collective(s, work);
+// A collective's task body on its communication stream when the host did not
+// make gloo's call: makes it (taking it off `unissued`), then, but for
+// point-to-point, leaves the task's end to gloo's.
+void run_collective(const std::shared_ptr<CallState>& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch,
+                    std::atomic<int>& unissued) {
+  c10::intrusive_ptr<Work> work = issue(*s, gloo, launch);
+  unissued.fetch_sub(1, std::memory_order_acq_rel);
+  if (!work) std::rethrow_exception(s->failure());
+  if (s->p2p) return;
+  if (auto wait = await_gloo(s, work)) wait();
 }
 
 // A collective's Work. It holds the device tensors, its outputs are its
@@ -193,23 +312,17 @@ class NeuronWork final : public Work {
       sanitizer::log_order(comm_.device_index(), state_->stream->id(), caller.id(), state_.get());
       if (isCompleted()) return;
       if (state_->p2p) {
-        caller.enqueue("c10d_wait", [state = state_] {
+        caller.enqueue("c10d_wait", [state = state_]() mutable {
+          OffDevice off{state};
           state->stream->wait_until(state->seq);
-          if (auto inner = state->issued()) finish_collective(*state, inner);
+          if (auto inner = state->issued()) finish_p2p(*state, inner);
         });
       } else if (&caller != state_->stream) {
-        caller.enqueue("c10d_wait", [state = state_] {
-          // once gloo's call is made, its end wakes this stream directly,
-          // not through the communication stream's task
-          if (auto inner = state->issued()) {
-            try {
-              inner->wait(state->timeout + kWatchdogGrace);
-              if (!state->failure()) return;
-            } catch (const std::exception&) {  // the communication stream's task reports it
-            }
-          }
-          state->stream->wait_until(state->seq);
-        });
+        // ended by the collective's task: gloo's thread wakes a host waiting
+        // for the caller's stream, with no executor in between
+        auto waiter = std::make_shared<rt::ExternalEnd>();
+        caller.enqueue_external("c10d_wait", nullptr, waiter);
+        state_->end->then(std::move(waiter));
       }
     });
     return true;
@@ -244,7 +357,7 @@ class NeuronWork final : public Work {
         try {
           inner->wait(timeout == ::kNoTimeout ? state_->timeout + kWatchdogGrace : milliseconds(left_ms));
         } catch (const std::exception& e) {
-          fail(*state_, e);
+          std::rethrow_exception(failed(*state_, e));
         }
       }
     }
@@ -429,6 +542,7 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
                live.end());
     live.push_back(state);
   }
+  if (!state->p2p) state->end = std::make_shared<rt::ExternalEnd>();
   if (outputs.empty())
     state->host_future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   // the allocator reuses none of these before the communication stream is past the collective
@@ -440,9 +554,11 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
     // to gloo, the host makes gloo's call itself, as on CPU tensors: gloo runs
     // it on its own threads, and the task only waits for its end.
     const bool issue_now = !state->p2p && caller.query() && unissued_->load(std::memory_order_acquire) == 0;
+    rt::TaskBody body;  // the task's: gloo's call, or a wait for gloo's end
     if (issue_now) {
       memcheck::HostAccess access;  // and what the memory checker owes the idle stream
-      issue(*state, *gloo_, launch);
+      if (auto work = issue(*state, *gloo_, launch)) body = await_gloo(state, work);
+      else state->end->finish(state->failure());
     } else {
       unissued_->fetch_add(1, std::memory_order_acq_rel);
       if (!caller.query()) {  // the collective follows the caller's queued work
@@ -455,10 +571,13 @@ c10::intrusive_ptr<Work> NeuronBackend::run(Operands& o, const char* name, OpTyp
     sanitizer::log_order(device, caller.id(), on.id(), state.get());
     sanitizer::log(sanitizer::Kind::Collective, device, on.id());
     state->stream = &on;
-    state->seq = on.enqueue(rt::TaskName(name), [state, gloo = gloo_, launch = std::move(launch), issue_now,
-                                                  unissued = unissued_] {
-      run_collective(*state, *gloo, launch, issue_now ? nullptr : unissued.get());
-    });
+    if (!issue_now)
+      body = [state, gloo = gloo_, launch = std::move(launch), unissued = unissued_]() mutable {
+        OffDevice off{state};
+        run_collective(state, *gloo, launch, *unissued);
+      };
+    state->seq = state->p2p ? on.enqueue(rt::TaskName(name), std::move(body))
+                            : on.enqueue_external(rt::TaskName(name), std::move(body), state->end);
   });
   c10::intrusive_ptr<Work> work =
       c10::make_intrusive<NeuronWork>(std::move(state), comm, std::move(o.keep), std::move(outputs));

@@ -10,13 +10,16 @@
 // task, not the host (barrier and a wait with a timeout wait on the host).
 // When the caller's stream has nothing queued and every earlier call of the
 // group has reached gloo, the host makes gloo's call itself, as with CPU
-// tensors (gloo runs it on its own threads), and the task waits for its end.
+// tensors (gloo runs it on its own threads). Either way gloo's completion
+// callback ends the task (runtime::ExternalEnd): a host waiting for the
+// collective is woken by gloo's thread, as with CPU tensors, and no executor
+// thread waits for gloo.
 // The tensors are recorded on the communication stream (record_stream), so
 // the allocator reuses none of them before the collective is done. Arguments
 // are checked at the call, so bad ones raise there, not on the stream.
 //
-// Faults: the task waits for gloo no longer than the group's timeout and a
-// grace; a failure (a dead peer, a timeout) is reported at once on stderr and
+// Faults: a watchdog ends a collective gloo has not finished by the group's
+// timeout and a grace; a failure (a dead peer, a timeout) is reported at once on stderr and
 // becomes the device's error, raised by the next synchronising call of every
 // surviving rank as DistBackendError naming the operation, the group, the
 // rank and the elapsed time. PREMUL_SUM, which gloo refuses, is a pre-scale

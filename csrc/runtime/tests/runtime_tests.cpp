@@ -290,6 +290,107 @@ TEST(waits_honour_deadlines_interrupts_and_cancellation) {
   CHECK(ran == 1);
 }
 
+TEST(external_task_ends_when_finished_and_reached_in_stream_order) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  s.enqueue("warm", [] {});
+  s.synchronize();
+  sleep_ms(5);  // the executor sleeps
+  // Behind finished work with no body: the host reaches it, the finishing
+  // thread completes it, and the executor is never woken.
+  auto end = std::make_shared<ExternalEnd>();
+  s.enqueue_external("gloo:all_reduce", nullptr, end);
+  CHECK(!s.query());
+  std::thread peer([end] {
+    sleep_ms(20);
+    end->finish();
+  });
+  s.synchronize();
+  peer.join();
+  CHECK(s.query() && s.pending() == 1);
+  // Finished before the executor reaches it: later tasks still wait for the
+  // earlier ones, and run after it.
+  std::atomic<bool> release{false};
+  std::vector<int> order;
+  s.enqueue("gate", [&] { while (!release) std::this_thread::yield(); order.push_back(0); });
+  auto early = std::make_shared<ExternalEnd>();
+  s.enqueue_external("early", nullptr, early);
+  early->finish();
+  early->finish(std::make_exception_ptr(std::runtime_error("ignored: the first call counts")));
+  s.enqueue("after", [&] { order.push_back(1); });
+  CHECK(!s.query());
+  release = true;
+  s.synchronize();
+  CHECK((order == std::vector<int>{0, 1}));
+  // Reached first (its body started the work): the next task waits for finish().
+  auto late = std::make_shared<ExternalEnd>();
+  std::atomic<bool> started{false}, next_ran{false};
+  s.enqueue_external("late", [&] { started = true; }, late);
+  s.enqueue("next", [&] { next_ran = true; });
+  while (!started) std::this_thread::yield();
+  sleep_ms(20);
+  CHECK(!next_ran && !s.query());
+  late->finish();
+  s.synchronize();
+  CHECK(next_ran);
+  // A failure is the device's error, named after the task.
+  auto failing = std::make_shared<ExternalEnd>();
+  s.enqueue_external("gloo:broadcast", nullptr, failing);
+  failing->finish(std::make_exception_ptr(std::runtime_error("peer 1 died")));
+  auto msg = expect_throw<AsyncError>([&] { s.synchronize(); });
+  CHECK(contains(msg, "gloo:broadcast") && contains(msg, "peer 1 died"));
+  d.take_errors();
+  // A body that throws never started the work: the task ends with its error.
+  s.enqueue_external("gloo:issue", [] { throw std::invalid_argument("bad root"); }, std::make_shared<ExternalEnd>());
+  CHECK(contains(expect_throw<AsyncError>([&] { s.synchronize(); }), "bad root"));
+  d.take_errors();
+  // Slots the host reached do not pile up while the executor sleeps.
+  for (int i = 0; i < 200; ++i) {
+    auto e = std::make_shared<ExternalEnd>();
+    s.enqueue_external("many", nullptr, e);
+    e->finish();
+  }
+  CHECK(s.query());
+  sleep_ms(20);
+  CHECK(s.pending() < 32);
+}
+
+TEST(a_stream_waits_for_another_streams_external_task_through_then) {
+  Device d(props(1 << 20), false);
+  Stream& comm = d.stream(1);
+  Stream& caller = d.stream(2);
+  std::atomic<bool> release{false};
+  comm.enqueue("earlier", [&] { while (!release) std::this_thread::yield(); });
+  auto collective = std::make_shared<ExternalEnd>();
+  comm.enqueue_external("all_reduce", nullptr, collective);
+  auto waiter = std::make_shared<ExternalEnd>();
+  caller.enqueue_external("c10d_wait", nullptr, waiter);
+  collective->then(waiter);
+  std::atomic<int> read{0};
+  caller.enqueue("read", [&] { read = 1; });
+  collective->finish();  // the engine is done, but `comm` has not reached the task yet
+  sleep_ms(20);
+  CHECK(!caller.query() && read == 0);
+  release = true;
+  caller.synchronize();
+  CHECK(read == 1 && comm.query());
+  // Already done: then() finishes the next task at once.
+  auto late = std::make_shared<ExternalEnd>();
+  caller.enqueue_external("late_wait", nullptr, late);
+  collective->then(late);
+  caller.synchronize();
+}
+
+TEST(a_destroyed_stream_stops_waiting_for_an_external_end) {
+  auto end = std::make_shared<ExternalEnd>();
+  {
+    Device d(props(1 << 20), false);
+    d.stream(0).enqueue_external("never", [] {}, end);
+    sleep_ms(5);
+  }  // returns: the executor gave up on it
+  end->finish();  // too late: nothing happens
+}
+
 TEST(launch_blocking_runs_each_task_before_returning) {
   Device d(props(1 << 20), true);
   Stream& s = d.stream(0);
