@@ -6,6 +6,7 @@ and each is compiled once per test. Kernels land in Inductor's on-disk cache
 """
 import copy
 import os
+import subprocess
 import sys
 import time
 import warnings
@@ -511,3 +512,109 @@ def test_graph_on_second_device():
     y = f(x.to("neuron:1"))   # the current device stays neuron:0
     assert y.device == torch.device("neuron", 1)
     _close(y, (x.sin() * 2).sum() + x)
+
+
+# A graph cached at one vector ISA must not be loaded at another: its kernels
+# would be compiled for the other vector width (torchneuron/compile/codegen_config.py).
+_ISA_SCRIPT = """
+import torch, torchneuron, torchneuron.compile
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+def loss(x):
+    return F.max_pool2d(x, 2).sum()
+
+x0 = torch.randn(8, 16, 32, 32, generator=torch.Generator().manual_seed(0))
+ref = x0.clone().requires_grad_()
+loss(ref).backward()
+for device, backend in (("neuron", "neuron"), ("cpu", "inductor")):
+    x = x0.to(device).requires_grad_()
+    f = torch.compile(loss, backend=backend)
+    for step in range(3):  # each step's gradient buffer is the last one's memory, reused
+        x.grad = None
+        f(x).backward()
+        assert torch.equal(x.grad.cpu(), ref.grad), (device, step, (x.grad.cpu() != ref.grad).sum().item())
+print("RESULT", pick_vec_isa().bit_width(), counters["inductor"]["fxgraph_cache_hit"])
+"""
+
+
+def _run_at_capability(script: str, cache: str, capability: str | None, autoload: str = "1") -> tuple[int, int]:
+    """(vector bits, FX graph cache hits) of `script` run in a child at ATen's CPU capability (None: the host's)."""
+    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
+    env |= {"TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": autoload}
+    if capability:
+        env["ATEN_CPU_CAPABILITY"] = capability
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert p.returncode == 0, (capability, p.stdout[-2000:] + p.stderr[-3000:])
+    bits, hits = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][-1].split()[1:]
+    return int(bits), int(hits)
+
+
+def _lower_capability(native_bits: int) -> str:
+    if native_bits == 0:
+        pytest.skip("Inductor generates no vector code on this host: there is no vector width to mismatch")
+    return "avx2" if native_bits > 256 else "default"
+
+
+def test_cached_graphs_are_keyed_on_the_vector_isa(tmp_path):
+    cache = str(tmp_path / "inductor")
+    native_bits, _ = _run_at_capability(_ISA_SCRIPT, cache, None)
+    lower = _lower_capability(native_bits)
+    lower_bits, lower_hits = _run_at_capability(_ISA_SCRIPT, cache, lower)
+    assert lower_bits < native_bits and lower_hits == 0, "a graph cached at another vector ISA was loaded"
+    _, native_hits = _run_at_capability(_ISA_SCRIPT, cache, None)
+    assert native_hits >= 1  # the cache still serves its own ISA
+
+
+_STOCK_SCRIPT = """
+import torch
+from torch._dynamo.utils import counters
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+torch.compile(lambda x: (x.sin() * 3).sum(dim=1))(torch.randn(64, 64))
+print("RESULT", pick_vec_isa().bit_width(), counters["inductor"]["fxgraph_cache_hit"])
+"""
+
+
+def test_stock_inductor_still_ignores_the_vector_isa_in_its_cache_key(tmp_path):
+    """Upstream, not neuron: without torchneuron, Inductor's FX graph cache
+    serves a CPU graph generated for one vector ISA to a process at another
+    (a max_pool2d backward then corrupts the heap or computes garbage
+    indices). When this fails, PyTorch keys on the ISA itself, and
+    codegen_config.vec_isa can go."""
+    cache = str(tmp_path / "inductor")
+    native_bits, _ = _run_at_capability(_STOCK_SCRIPT, cache, None, autoload="0")
+    lower_bits, lower_hits = _run_at_capability(_STOCK_SCRIPT, cache, _lower_capability(native_bits), autoload="0")
+    assert lower_bits < native_bits and lower_hits >= 1
+
+
+_SCALAR_FIRST = {
+    "add": lambda s, a: s + a,
+    "mul_add": lambda s, a: s * a + s,
+    "pow": lambda s, a: torch.pow(s, a),
+    "maximum": lambda s, a: torch.maximum(s.float(), a),
+    "sum": lambda s, a: (s - a).sum(dim=1),
+    "int_scalar": lambda s, a: s.long() * a,
+}
+
+
+@pytest.mark.parametrize("op", sorted(_SCALAR_FIRST))
+def test_a_cpu_scalar_first_runs_on_the_device_in_stream_order(op):
+    """A 0-dim CPU tensor (Dynamo's form of a Python scalar) as the first input of a pointwise op with a
+    neuron tensor: the node runs on neuron, as eager does (patch inductor-pointwise-device), after the
+    queued work that writes its input. Before, its kernel ran on the host at once, reading the input
+    before the device had written it. Bit for bit Inductor's CPU result."""
+    fn, s = _SCALAR_FIRST[op], torch.tensor(0.5, dtype=torch.float64)
+    x = torch.rand(3, 7) + 1
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="neuron")
+    want = torch.compile(fn, backend="inductor")(s, x)
+    m = torch.randn(512, 512, device=DEV)
+    for i in range(3):
+        for _ in range(8):
+            m = m @ m / 512.0  # the stream is busy when the input is queued
+        a = x.to(DEV) * 1.0 + m[0, 0] * 0
+        got = compiled(s, a)
+        assert got.device == fn(s, a).device == torch.device("neuron", 0) and got.dtype == want.dtype
+        assert torch.equal(got.cpu(), want), (op, i)

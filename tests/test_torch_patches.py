@@ -44,6 +44,8 @@ def test_patched_targets_answer_for_neuron():
     assert ir.is_cpu(neuron) and ir.is_cpu(torch.device("cpu")) and not ir.is_cpu(torch.device("meta"))
     assert utils.get_current_backend("neuron") == config.cpu_backend
     assert utils.get_current_backend("cpu") == config.cpu_backend
+    from torch._inductor import lowering
+    assert lowering.is_gpu("neuron") and not lowering.is_gpu("cpu") and not utils.is_gpu("neuron")
 
 
 def test_every_holder_of_get_current_backend_is_rebound():
@@ -89,6 +91,9 @@ def _missing(monkeypatch, name):
     elif name == "inductor-argreduce-logical-index":
         from torch._inductor import lowering
         monkeypatch.delattr(lowering, "_make_reduction_inner")
+    elif name == "inductor-pointwise-device":
+        from torch._inductor import lowering
+        monkeypatch.delattr(lowering, "is_gpu")
     elif name == "inductor-wrapper-overrides":
         monkeypatch.delattr(PythonWrapperCodegen, "_generate_kernel_call_helper")
     elif name == "inductor-compiled-callable":

@@ -17,6 +17,8 @@ patch                                   target
                                         every ``torch._inductor`` module holding it
 ``inductor-argreduce-logical-index``    ``torch._inductor.lowering._make_reduction_inner``, for
                                         neuron inputs
+``inductor-pointwise-device``           ``torch._inductor.lowering.is_gpu``, as read by
+                                        ``make_pointwise``
 ``inductor-wrapper-overrides``          (checked only) the ``PythonWrapperCodegen`` methods,
                                         one of them private, that our wrapper overrides
 ``inductor-compiled-callable``          ``CompiledFxGraph.current_callable`` of each graph
@@ -49,7 +51,8 @@ extension points, next to the thing it registers.
 * Dynamo: ``torch._dynamo.register_backend`` (compile/__init__.py),
   ``register_interface_for_device`` and the compile workers' caches of a device
   interface (compile/device_interface.py);
-* Inductor: ``register_backend_for_device`` and ``register_device_op_overrides``
+* Inductor: ``register_backend_for_device`` (with the device's code-generation
+  config, compile/codegen_config.py) and ``register_device_op_overrides``
   (compile/inductor_device.py), run when Inductor first asks the device module
   for its code generators (``torch.neuron.Scheduling``, device.py);
   ``torch._functorch.config.patch``, a scoped config change (compile/backend.py).
@@ -318,6 +321,42 @@ _register(
         "backend's, so neuron inputs answer as CPU inputs do; otherwise the generated kernel returns the "
         "index in memory order (argmin of a channels_last tensor: 49 where eager says 22).",
     check=_check_argreduce_logical_index, apply=_apply_argreduce_logical_index)
+
+
+# --------------------------------------------------------------------------- inductor-pointwise-device
+
+def _check_pointwise_device() -> None:
+    name = "inductor-pointwise-device"
+    lowering, utils = _module(name, "torch._inductor.lowering"), _module(name, "torch._inductor.utils")
+    if _original(getattr(lowering, "is_gpu", None)) is not getattr(utils, "is_gpu", None):
+        _fail(name, "torch._inductor.lowering no longer holds torch._inductor.utils.is_gpu as is_gpu")
+    make_pointwise = _require(name, lowering, "make_pointwise", "torch._inductor.lowering")
+    try:
+        module_source, source = inspect.getsource(lowering), inspect.getsource(make_pointwise)
+    except (OSError, TypeError):
+        _fail(name, "torch._inductor.lowering.make_pointwise no longer has Python source")
+    if module_source.count("is_gpu(") != 1 or "if is_gpu(i.get_device().type):" not in source:
+        _fail(name, "torch._inductor.lowering no longer asks is_gpu once, in make_pointwise, which input's "
+                    "device a pointwise node runs on")
+
+
+def _apply_pointwise_device() -> None:
+    from torch._inductor import lowering
+
+    _replace(lowering, "is_gpu", lambda is_gpu: lambda device: device == "neuron" or is_gpu(device))
+
+
+_register(
+    "inductor-pointwise-device",
+    target="torch._inductor.lowering.is_gpu (the name lowering.py imported, read only by make_pointwise) "
+           "answers True for neuron; torch._inductor.utils.is_gpu is unchanged",
+    why="A pointwise node runs on its first GPU input's device, else on its first input's. Dynamo passes a "
+        "Python scalar as a 0-dim CPU tensor, so in b + a with b that scalar and a on neuron the node, its "
+        "output and its kernel went to the CPU: the kernel ran on the calling thread, reading device memory "
+        "before the queued work that writes it had run (wrong values, silently), and the result was a CPU "
+        "tensor where eager gives a neuron one. With neuron preferred as a GPU is, the node runs on neuron "
+        "and reads the scalar as a GPU kernel does.",
+    check=_check_pointwise_device, apply=_apply_pointwise_device)
 
 
 # --------------------------------------------------------------------------- inductor-wrapper-overrides

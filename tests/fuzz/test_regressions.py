@@ -424,7 +424,7 @@ def test_compiled_graph_with_a_python_scalar_restarts_as_with_inductor():
     torch._dynamo.reset()
     got = torch.compile(lambda a, b: b + a, backend="neuron")(x.to(DEV), s)
     want = s + x
-    assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    assert got.device == torch.device(DEV, 0) and got.dtype == want.dtype and torch.equal(got.cpu(), want)
 
 
 @pytest.mark.parametrize("make", [lambda t: t.contiguous(memory_format=torch.channels_last), lambda t: t.mT],

@@ -17,6 +17,9 @@ torchneuron/_torch_patches.py).
 """
 from __future__ import annotations
 
+import hashlib
+import pathlib
+
 from torch._inductor.codegen.common import (
     DeviceOpOverrides,
     get_scheduling_for_device,
@@ -25,9 +28,11 @@ from torch._inductor.codegen.common import (
 )
 from torch._inductor.codegen.cpp import CppScheduling
 from torch._inductor.codegen.wrapper import PythonWrapperCodegen, SubgraphPythonWrapperCodegen
+from torch._inductor.cpu_vec_isa import pick_vec_isa
 from torch._inductor.virtualized import V
 
 from .. import _torch_patches
+from . import codegen_config
 
 _LAUNCH_IMPORT = "from torchneuron.compile.launch import launch as neuron_launch"
 
@@ -92,6 +97,14 @@ class NeuronDeviceOpOverrides(DeviceOpOverrides):
         return "void*"
 
 
+def _source_key() -> str:
+    here = pathlib.Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in [here.parent / "_torch_patches.py", *sorted(here.glob("*.py"))]:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def register() -> None:
     """Registers ``neuron`` with Inductor, with the patches that make Inductor
     treat it as its C++ (CPU) backend (see torchneuron/_torch_patches.py)."""
@@ -99,8 +112,12 @@ def register() -> None:
     _torch_patches.apply("inductor-is-cpu")
     _torch_patches.apply("inductor-current-backend")
     _torch_patches.apply("inductor-argreduce-logical-index")
+    _torch_patches.apply("inductor-pointwise-device")
     _torch_patches.apply("inductor-layout-opt")
     _torch_patches.apply("inductor-conv-bias")
+    codegen_config.vec_isa = str(pick_vec_isa())  # both part of every cached graph's key
+    codegen_config.source_key = _source_key()
     if get_scheduling_for_device("neuron") is None:
-        register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen)
+        register_backend_for_device("neuron", CppScheduling, NeuronWrapperCodegen,
+                                    device_custom_config=codegen_config)
     register_device_op_overrides("neuron", NeuronDeviceOpOverrides())
