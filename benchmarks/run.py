@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
+import torchneuron  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks import (compiled, distributed, end_to_end, huggingface, large_ops, limits, lockin,  # noqa: E402
@@ -54,7 +58,7 @@ def main(argv=None) -> dict:
     torch.empty(1, device="neuron")  # initialise the device outside the timings
     results = {"machine": machine(), "config": {"smoke": cfg.smoke, "repeats": cfg.repeats, "groups": selected}}
     t0 = time.perf_counter()
-    total = limits.STEPS + sum(GROUPS[g].STEPS for g in selected)
+    total = limits.STEPS + sum(GROUPS[g].STEPS for g in selected) + any(g in selected for g in AVX2_RERUN)
     with tqdm(total=total, unit="bench", dynamic_ncols=True) as bar:
         bar.set_description("limits")
         results["limits"] = limits.run(cfg, bar)
@@ -69,6 +73,13 @@ def main(argv=None) -> dict:
             else:
                 results[name] = mod.run(cfg, bar)
             results["group_elapsed_s"][name] = time.perf_counter() - t
+        forced = [g for g in AVX2_RERUN if g in selected]
+        if forced:
+            bar.set_description("AVX2 path forced")
+            t = time.perf_counter()
+            results |= {f"{g}_avx2": r for g, r in _forced_avx2(forced, cfg).items()}
+            results["group_elapsed_s"]["avx2_rerun"] = time.perf_counter() - t
+            bar.update(1)
     results["elapsed_s"] = time.perf_counter() - t0
     results["loadavg_end"] = list(os.getloadavg())
     if args.merge:
@@ -82,12 +93,36 @@ def main(argv=None) -> dict:
     return results
 
 
+#: groups run again in a child process with ATEN_CPU_CAPABILITY=avx2 when this
+#: host's own level is AVX-512 (their rows on the AVX2 path; large_ops does its own)
+AVX2_RERUN = ("end_to_end", "compiled")
+
+
+def _forced_avx2(groups: list[str], cfg: Config) -> dict:
+    """``groups`` run on the AVX2 path, forced as a user forces it: ATen's kernels, the device's own
+    loops and Inductor's generated code all at AVX2. Empty where the host's own level is AVX2 or lower
+    (its native run is that path)."""
+    if torchneuron._C._isa()["path"] != "avx512":
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [sys.executable, "-m", "benchmarks.run", "--out", tmp, *(a for g in groups for a in ("--only", g))]
+        p = subprocess.run(argv + ["--smoke"] * cfg.smoke, cwd=ROOT,
+                           env={**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeError(f"the forced-AVX2 run of {groups} failed:\n{p.stderr[-4000:]}")
+        with open(os.path.join(tmp, "results.json")) as f:
+            child = json.load(f)
+    assert child["machine"]["isa"]["path"] == "avx2", "the child did not run the AVX2 path"
+    return {g: child[g] for g in groups}
+
+
 def _merged(path: str, new: dict, groups: list[str]) -> dict:
     """The results in ``path`` with ``groups`` replaced by ``new``'s (and the machine
     limits, with the large operators that are read against them)."""
     with open(path) as f:
         results = json.load(f)
-    extra = ["limits", "large_ops_avx2"] if "large_ops" in groups else []
+    extra = (["limits", "large_ops_avx2"] if "large_ops" in groups else []) + \
+        [f"{g}_avx2" for g in AVX2_RERUN if g in groups and f"{g}_avx2" in new]
     for g in [*groups, *extra]:
         results[g] = new[g]
         results["group_elapsed_s"][g] = new["group_elapsed_s"].get(g)

@@ -46,6 +46,11 @@ def test_benchmark_smoke_run(tmp_path):
     assert all(r["isa"]["path"] == "avx2" and r["speed_vs_cpu"] > 0 for r in avx2.values())
     assert set(res["end_to_end"]) == {"gpt_train_step", "resnet18_train_step", "lstm_lm_train_step",
                                       "gpt_infer_batch1_token"}
+    # end to end and compiled again on the AVX2 path, forced in a child where the host has AVX-512
+    forced = res["machine"]["isa"]["path"] == "avx512"
+    assert set(res.get("end_to_end_avx2", {})) == (set(res["end_to_end"]) if forced else set())
+    assert set(res.get("compiled_avx2", {}).get("workloads", {})) == (
+        set(res["compiled"]["workloads"]) if forced else set())
     for r in res["memory"].values():
         assert r["neuron_peak_allocated_bytes"] > 0 and r["reserved_over_allocated"] >= 1.0
     assert res["profile"]["components"]["ops_per_step"] > 0
@@ -67,7 +72,8 @@ def test_benchmark_smoke_run(tmp_path):
     assert {t["group"] for t in res["targets"]} == {"tiny ops", "large ops", "fusion", "end to end", "memory",
                                                     "compiled", "huggingface", "profiler", "lockin",
                                                     "distributed", "sanitizer", "soak", "nki kernels"} | (
-        {"fusion, AVX2 path forced"} if avx2 else set())
+        {"fusion, AVX2 path forced"} if avx2 else set()) | (
+        {"end to end, AVX2 path forced", "compiled, AVX2 path forced"} if forced else set())
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md
