@@ -618,3 +618,17 @@ def test_a_cpu_scalar_first_runs_on_the_device_in_stream_order(op):
         got = compiled(s, a)
         assert got.device == fn(s, a).device == torch.device("neuron", 0) and got.dtype == want.dtype
         assert torch.equal(got.cpu(), want), (op, i)
+
+
+def test_a_cpu_kernel_reading_device_memory_is_refused_by_name():
+    """Lowerings that place a node on their first input's device without asking which devices the others
+    are on (addcmul with a CPU scalar as self) would give a CPU kernel reading neuron buffers on the host,
+    out of stream order. The wrapper refuses it at compile time, naming the kernel and the buffers."""
+    s, a = torch.tensor(0.5), torch.rand(3, 7, device=DEV)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=r"kernel cpp_fused_addcmul_\d+ on cpu "
+                       r"though it reads neuron buffers \(arg1_1\)"):
+        torch.compile(lambda s, a: torch.addcmul(s, a, a), backend="neuron")(s, a)
+    # CPU graphs are not affected
+    _close(torch.compile(lambda s, a: torch.addcmul(s, a, a), backend="inductor")(s, a.cpu()),
+           torch.addcmul(s, a.cpu(), a.cpu()))

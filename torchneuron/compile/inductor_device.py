@@ -37,6 +37,29 @@ from . import codegen_config
 _LAUNCH_IMPORT = "from torchneuron.compile.launch import launch as neuron_launch"
 
 
+def _neuron_launch_line(kernel_name, call_args, device) -> str | None:
+    """The wrapper's line for a C++ kernel call on ``device``: ``neuron_launch(...)`` on neuron, None
+    (Inductor's own line) elsewhere. A CPU kernel that reads a neuron buffer would run on the calling
+    thread, before the device work that writes the buffer: refused here, by name, at compile time."""
+    if device.type == "neuron":
+        args = ", ".join(str(a) for a in call_args)
+        return f"neuron_launch({kernel_name}, {kernel_name!r}{', ' if args else ''}{args})"
+    on_device = [str(a) for a in call_args if _buffer_device_type(str(a)) == "neuron"]
+    if on_device:
+        raise RuntimeError(
+            f"Inductor placed kernel {kernel_name} on {device} though it reads neuron buffers "
+            f"({', '.join(on_device)}): it would read device memory on the host, outside stream order. "
+            "This comes from an operation between CPU tensors and neuron tensors that Inductor lowers on the "
+            "CPU; move the CPU tensors to neuron first (they are usually 0-dim: Python scalars).")
+    return None
+
+
+def _buffer_device_type(name: str) -> str | None:
+    buf = V.graph.try_get_buffer(name)
+    device = buf.get_device() if buf is not None and hasattr(buf, "get_device") else None
+    return device.type if device is not None else None
+
+
 class NeuronWrapperCodegen(PythonWrapperCodegen):
     @staticmethod
     def create(is_subgraph, subgraph_name, parent_wrapper, partition_signatures=None):
@@ -50,11 +73,11 @@ class NeuronWrapperCodegen(PythonWrapperCodegen):
 
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         device = device or V.graph.get_current_device_or_throw()
-        if not triton and device.type == "neuron":
-            args = ", ".join(str(a) for a in call_args)
-            self.writeline(f"neuron_launch({kernel_name}, {kernel_name!r}{', ' if args else ''}{args})")
-            return
-        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+        line = None if triton else _neuron_launch_line(kernel_name, call_args, device)
+        if line is None:
+            super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+        else:
+            self.writeline(line)
 
     def make_allocation(self, name, device, dtype, shape, stride, allocation_shape=None, is_pinned=False):
         # Inductor writes device='neuron' (the current device) and emits no
@@ -69,12 +92,12 @@ class NeuronWrapperCodegen(PythonWrapperCodegen):
 class NeuronSubgraphWrapperCodegen(SubgraphPythonWrapperCodegen):
     def _generate_kernel_call_helper(self, kernel_name, call_args, *, device=None, triton=True, **kwargs):
         device = device or V.graph.get_current_device_or_throw()
-        if not triton and device.type == "neuron":
+        line = None if triton else _neuron_launch_line(kernel_name, call_args, device)
+        if line is None:
+            super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+        else:
             self.imports.writeline(_LAUNCH_IMPORT)
-            args = ", ".join(str(a) for a in call_args)
-            self.writeline(f"neuron_launch({kernel_name}, {kernel_name!r}{', ' if args else ''}{args})")
-            return
-        super()._generate_kernel_call_helper(kernel_name, call_args, device=device, triton=triton, **kwargs)
+            self.writeline(line)
 
 
 class NeuronDeviceOpOverrides(DeviceOpOverrides):
