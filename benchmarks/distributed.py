@@ -4,11 +4,16 @@ bus bandwidth from 4 KiB to 256 MiB (float32, SUM) on two spawned ranks of one
 neuron backend runs it on host views of device memory, so the target is at
 least 0.95x gloo's bandwidth at every size.
 
-Each repeat starts both ranks together (a barrier) and times one all_reduce
-until its result is on the device; the two backends alternate repeat by
+Each repeat starts both ranks together (a barrier) and times a run of
+all_reduces back to back, as nccl-tests times its bus bandwidth, each one
+waited for until its result is on the device (on `neuron`, a
+synchronisation after every one); the two backends alternate repeat by
 repeat, so drift on a shared machine hits both. Per size: the median time of
-each, the bus bandwidth (2 (n - 1) / n bytes per rank, NCCL's convention for
-all_reduce), and neuron's bandwidth over gloo's.
+one all_reduce, the bus bandwidth (2 (n - 1) / n bytes per rank, NCCL's
+convention for all_reduce), and neuron's bandwidth over gloo's. A run, not a
+single call: on a 2-core virtual machine a thread waiting for its peer is
+now and then descheduled for milliseconds, and a single small call's time is
+mostly whether that happened (its median moves tenfold between runs).
 
 A DDP training step (an MLP, the same per-rank batch) on 1 and 2 ranks: the
 median step time on `neuron` and on CPU tensors, alternating step by step, and
@@ -49,6 +54,13 @@ def repeats_for(nbytes: int, smoke: bool) -> int:
     return 21 if nbytes <= 1 * MiB else 9 if nbytes <= 16 * MiB else 5
 
 
+def calls_per_repeat(nbytes: int, smoke: bool) -> int:
+    """All_reduces timed back to back in one repeat: a few milliseconds' worth at least."""
+    if smoke:
+        return 2
+    return 50 if nbytes <= 256 * KiB else 10 if nbytes <= 4 * MiB else 3 if nbytes <= 16 * MiB else 1
+
+
 def _rank(rank, world, port, plan):
     import statistics
 
@@ -63,34 +75,42 @@ def _rank(rank, world, port, plan):
     neuron = torch.device("neuron", rank)
     try:
         out = {}
-        for nbytes, repeats in plan:
-            tensors = {"gloo": torch.ones(nbytes // 4), "neuron": torch.ones(nbytes // 4, device=neuron)}
+        for nbytes, repeats, calls in plan:
+            # random data, the same on both backends, reset before each repeat (a SUM doubles it per call)
+            data = torch.randn(nbytes // 4, generator=torch.Generator().manual_seed(rank))
+            tensors = {"gloo": data.clone(), "neuron": data.to(neuron)}
+            sources = {"gloo": data, "neuron": data.to(neuron)}
 
-            def once(t):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(t)
+            def once(k):
+                t = tensors[k]
+                t.copy_(sources[k])
                 if t.device.type == "neuron":
                     torch.neuron.synchronize(neuron)
-                return time.perf_counter() - t0
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    dist.all_reduce(t)
+                    if t.device.type == "neuron":
+                        torch.neuron.synchronize(neuron)
+                return (time.perf_counter() - t0) / calls
 
-            for t in tensors.values():  # warm-up: gloo's pairs, the allocator's blocks
-                once(t)
+            for k in tensors:  # warm-up: gloo's pairs, the allocator's blocks
+                once(k)
             samples = {k: [] for k in tensors}
             for _ in range(repeats):
-                for k, t in tensors.items():
-                    samples[k].append(once(t))
+                for k in tensors:
+                    samples[k].append(once(k))
             # every rank must agree on the result: the slowest rank's time is the collective's
             gathered = [None] * world
             dist.all_gather_object(gathered, samples)
             per_repeat = {k: [max(g[k][i] for g in gathered) for i in range(repeats)] for k in tensors}
             factor = 2 * (world - 1) / world
-            r = {"bytes": nbytes, "repeats": repeats}
+            r = {"bytes": nbytes, "repeats": repeats, "calls_per_repeat": calls}
             for k, ts in per_repeat.items():
                 r[f"{k}_s"] = statistics.median(ts)
                 r[f"{k}_busbw_GBps"] = factor * nbytes / r[f"{k}_s"] / 1e9
             r["ratio_busbw"] = r["neuron_busbw_GBps"] / r["gloo_busbw_GBps"]
-            # the two results agree: same algorithm, same data
+            # the two results agree bit for bit: same algorithm, same data, the same number of calls
             r["equal_results"] = bool(torch.equal(tensors["neuron"].cpu(), tensors["gloo"]))
             out[nbytes] = r
             del tensors
@@ -108,7 +128,7 @@ def _run_ranks(target, world: int, args: tuple, timeout: float):
 
 
 def measure(smoke: bool) -> dict:
-    plan = [(n, repeats_for(n, smoke)) for n in sizes(smoke)]
+    plan = [(n, repeats_for(n, smoke), calls_per_repeat(n, smoke)) for n in sizes(smoke)]
     result = _run_ranks(_rank, WORLD, (plan,), timeout=1800)
     return {"world_size": WORLD, "dtype": "float32", "sizes": {_label(n): r for n, r in result.items()}}
 
@@ -200,7 +220,8 @@ def markdown(res: dict) -> str:
             for label, s in r["sizes"].items()]
     return ("## torch.distributed all_reduce\n\nBus bandwidth (GB/s) of a float32 SUM on "
             f"{r['world_size']} ranks of one process group (benchmarks/distributed.py): gloo on CPU tensors "
-            "and the neuron backend (gloo on host views of device memory); median over repeats.\n\n"
+            "and the neuron backend (gloo on host views of device memory); per all_reduce, from runs of "
+            "them back to back (as nccl-tests measures), median over repeats.\n\n"
             "| bytes per rank | gloo, CPU tensors | neuron | neuron / gloo |\n|---|---|---|---|\n"
             + "\n".join(rows) + "\n" + _ddp_markdown(res.get("ddp_step")))
 
