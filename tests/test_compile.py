@@ -568,6 +568,18 @@ def test_cached_graphs_are_keyed_on_the_vector_isa(tmp_path):
     assert native_hits >= 1  # the cache still serves its own ISA
 
 
+def test_the_cache_key_holds_the_isa_and_torchneurons_code_shaping_sources():
+    from torch._inductor.codegen.common import custom_backend_codegen_configs
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    from torchneuron.compile import codegen_config, inductor_device
+
+    tnc.register()
+    assert custom_backend_codegen_configs["neuron"] is codegen_config
+    assert codegen_config.vec_isa == str(pick_vec_isa())
+    assert codegen_config.source_key == inductor_device._source_key() and len(codegen_config.source_key) == 64
+
+
 _STOCK_SCRIPT = """
 import torch
 from torch._dynamo.utils import counters
