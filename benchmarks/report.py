@@ -44,14 +44,11 @@ def targets(res: dict) -> list[dict]:
             fusion("fusion", op, r)
     for op, r in res.get("large_ops_avx2", {}).items():
         fusion(AVX2_GROUP, op, r)
-    for w, r in res.get("end_to_end", {}).items():
-        if w.endswith("_train_step"):
-            add("end to end", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
-                r["speed_vs_cpu"] >= E2E_MIN)
-    for w, r in res.get("end_to_end_avx2", {}).items():
-        if w.endswith("_train_step"):
-            add(f"end to end, {AVX2_FORCED}", w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
-                r["speed_vs_cpu"] >= E2E_MIN)
+    for key, group in (("end_to_end", "end to end"), ("end_to_end_avx2", f"end to end, {AVX2_FORCED}")):
+        for w, r in res.get(key, {}).items():
+            if w.endswith("_train_step"):
+                add(group, w, "neuron speed / CPU speed", r["speed_vs_cpu"], f">= {E2E_MIN}",
+                    r["speed_vs_cpu"] >= E2E_MIN)
     rows += compiled_targets(res) + compiled_targets(res, avx2=True)
     rows += profiler.targets(res) + lockin.targets(res) + distributed.targets(res)
     rows += sanitizer.targets(res) + soak.targets(res)

@@ -33,6 +33,10 @@ GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end
           "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed,
           "sanitizer": sanitizer, "soak": soak}
 
+#: groups run again in a child process with ATEN_CPU_CAPABILITY=avx2 when this
+#: host's own level is AVX-512 (their rows on the AVX2 path; large_ops does its own)
+AVX2_RERUN = ("end_to_end", "compiled")
+
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -91,11 +95,6 @@ def main(argv=None) -> dict:
     write_report(results, args.out)
     print(f"wrote {args.out}/results.json in {results['elapsed_s']:.0f} s")
     return results
-
-
-#: groups run again in a child process with ATEN_CPU_CAPABILITY=avx2 when this
-#: host's own level is AVX-512 (their rows on the AVX2 path; large_ops does its own)
-AVX2_RERUN = ("end_to_end", "compiled")
 
 
 def _forced_avx2(groups: list[str], cfg: Config) -> dict:

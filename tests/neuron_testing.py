@@ -10,9 +10,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 7
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh interpreter (for environment variables read at start-up, fork, autoload)."""
-    full_env = {**os.environ, **(env or {})}
+def run_python(code: str, env: dict | None = None, timeout: float = 120,
+               unset: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter (for environment variables read at start-up, fork, autoload),
+    with this process's environment less `unset`, plus `env`."""
+    full_env = {k: v for k, v in os.environ.items() if k not in unset} | (env or {})
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=ROOT)
 

@@ -6,7 +6,6 @@ and each is compiled once per test. Kernels land in Inductor's on-disk cache
 """
 import copy
 import os
-import subprocess
 import sys
 import time
 import warnings
@@ -541,12 +540,10 @@ print("RESULT", pick_vec_isa().bit_width(), counters["inductor"]["fxgraph_cache_
 
 def _run_at_capability(script: str, cache: str, capability: str | None, autoload: str = "1") -> tuple[int, int]:
     """(vector bits, FX graph cache hits) of `script` run in a child at ATen's CPU capability (None: the host's)."""
-    env = {k: v for k, v in os.environ.items() if k != "ATEN_CPU_CAPABILITY"}
-    env |= {"TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": autoload}
+    env = {"TORCHINDUCTOR_CACHE_DIR": cache, "TORCH_DEVICE_BACKEND_AUTOLOAD": autoload}
     if capability:
         env["ATEN_CPU_CAPABILITY"] = capability
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300,
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = run_python(script, env=env, timeout=300, unset=("ATEN_CPU_CAPABILITY",))
     assert p.returncode == 0, (capability, p.stdout[-2000:] + p.stderr[-3000:])
     bits, hits = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][-1].split()[1:]
     return int(bits), int(hits)
