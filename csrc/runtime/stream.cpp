@@ -180,12 +180,15 @@ void Stream::run_one(Task& task) {
 }
 
 void Stream::complete(uint64_t seq) {
-  // Without the lock unless a host waits: a waiter registers (under the lock)
-  // before it reads completed_, and both sides' accesses are sequentially
-  // consistent, so either this sees the waiter or the waiter sees this store.
+  // Without the lock unless a host waits for this task or an earlier one: a
+  // waiter lowers wake_at_ (under the lock) before it reads completed_, and
+  // both sides' accesses are sequentially consistent, so either this sees its
+  // task or the waiter sees this store. Woken hosts still waiting for a later
+  // task lower wake_at_ again before they sleep.
   completed_.store(seq, std::memory_order_seq_cst);
-  if (host_waiters_.load(std::memory_order_seq_cst) > 0) {
+  if (seq >= wake_at_.load(std::memory_order_seq_cst)) {
     std::lock_guard<std::mutex> lock(sleep_mu_);
+    wake_at_.store(kNobodyWaits, std::memory_order_seq_cst);
     done_cv_.notify_all();
   }
 }
@@ -358,15 +361,20 @@ bool Stream::wait_until(uint64_t seq, int64_t deadline_ns) {
   // A lingering task (an open one) starts now. Only such a task sleeps with
   // work queued but for the slots the host reached, which need no executor.
   if (executor_sleeping_ && open_waiting_.load(std::memory_order_relaxed) > 0) work_cv_.notify_one();
+  // True once `seq` is done; else asks to be woken when it is (see complete()).
+  auto done_or_ask = [&] {
+    if (wake_at_.load(std::memory_order_relaxed) > seq) wake_at_.store(seq, std::memory_order_seq_cst);
+    return done();
+  };
   if (!check && deadline_ns == kNoDeadline) {
-    done_cv_.wait(lock, done);
+    done_cv_.wait(lock, done_or_ask);
     return true;
   }
-  while (!done()) {
+  while (!done_or_ask()) {
     const int64_t now = now_ns();
     if (now >= deadline_ns) return false;
     auto slice = std::min<std::chrono::nanoseconds>(kInterruptPoll, std::chrono::nanoseconds(deadline_ns - now));
-    if (done_cv_.wait_for(lock, slice, done)) break;
+    if (done_cv_.wait_for(lock, slice, done_or_ask)) break;
     if (check) {
       lock.unlock();  // the check may take the interpreter's lock: never under ours
       check();

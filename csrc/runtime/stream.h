@@ -183,9 +183,15 @@ class Stream {
   std::condition_variable done_cv_;  // hosts wait for completion
   std::atomic<bool> executor_sleeping_{false};
   std::atomic<bool> awaiting_end_{false};  // the executor sleeps until an external task ends
-  // Hosts blocked in wait_until (changed under sleep_mu_). An executor
-  // finishing a task takes sleep_mu_ to wake them only when there are any.
+  // Hosts blocked in wait_until (changed under sleep_mu_).
   std::atomic<int> host_waiters_{0};
+  // The earliest task a blocked host waits for (lowered by hosts under
+  // sleep_mu_, reset by the wake). An executor finishing a task takes
+  // sleep_mu_ to wake hosts only once that task is done: a host waiting for
+  // the last of many tasks is not woken, to look and sleep again, by each one
+  // before it, which on a host with few cores takes a core from the device.
+  std::atomic<uint64_t> wake_at_{kNobodyWaits};
+  static constexpr uint64_t kNobodyWaits = ~uint64_t{0};
   std::atomic<bool> stopping_{false};  // set under sleep_mu_
 };
 

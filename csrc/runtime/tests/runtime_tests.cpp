@@ -1,5 +1,7 @@
 // Unit tests of the torch-free runtime. A tiny harness keeps the runtime free of
 // test-framework dependencies: each TEST registers itself; main runs them all.
+#include <sys/resource.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -264,6 +266,39 @@ TEST(task_errors_are_sticky_and_all_kept) {
   }
   s.synchronize();  // cleared
   d.stream(3).synchronize();
+}
+
+// A host waiting for the last of many tasks sleeps until that one is done: it
+// is not woken by each task before it (which, on a host with few cores, takes
+// a core from the device once per task), and a host waiting for an earlier
+// task still wakes when that one is done.
+TEST(a_waiting_host_wakes_when_its_task_is_done_not_at_each_before_it) {
+  Device d(props(1 << 20), false);
+  Stream& s = d.stream(0);
+  std::atomic<bool> release{false};
+  s.enqueue("gate", [&] { while (!release) std::this_thread::yield(); });
+  uint64_t early = 0;
+  for (int i = 0; i < 200; ++i) {
+    const uint64_t seq = s.enqueue("t", [] { std::this_thread::sleep_for(std::chrono::microseconds(100)); });
+    if (i == 20) early = seq;
+  }
+  std::atomic<bool> last_done_when_early_returned{true};
+  std::thread early_waiter([&] {
+    s.wait_until(early);
+    last_done_when_early_returned = s.query();
+  });
+  auto switches = [] {
+    rusage u{};
+    getrusage(RUSAGE_THREAD, &u);
+    return u.ru_nvcsw;
+  };
+  const long before = switches();
+  release = true;
+  s.wait_until(s.last_enqueued());
+  const long slept = switches() - before;
+  early_waiter.join();
+  CHECK(!last_done_when_early_returned);
+  CHECK(slept < 20);  // once per task would be about 200
 }
 
 TEST(waits_honour_deadlines_interrupts_and_cancellation) {
