@@ -598,6 +598,61 @@ def test_stock_inductor_still_ignores_the_vector_isa_in_its_cache_key(tmp_path):
     assert lower_bits < native_bits and lower_hits >= 1
 
 
+_POOL_GRAD_SCRIPT = """
+import torch
+import torch.nn.functional as F
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+{setup}
+def head(x):  # a conv net's end: max_pool2d, then the mean over the map
+    return F.adaptive_avg_pool2d(F.max_pool2d(x, 2), 1).flatten(1)
+
+x0 = torch.randn(16, 32, 16, 16, generator=torch.Generator().manual_seed(0))
+go = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
+ref = x0.clone().requires_grad_()
+head(ref).backward(go)
+x = x0.to({device!r}).requires_grad_()
+torch.compile(head, backend={backend!r})(x).backward(go.to({device!r}))
+print("RESULT", pick_vec_isa().bit_width(), (x.grad.cpu() - ref.grad).abs().max().item())
+"""
+_LEVELS = {"default": 0, "avx2": 1, "avx512": 2}
+
+
+def _pool_grad_error(tmp_path, capability, device, backend, setup="", autoload="1"):
+    """(vector bits, max |compiled gradient - eager CPU gradient|) of _POOL_GRAD_SCRIPT in a child at
+    ATen's CPU capability `capability` (skipped where the host is below it)."""
+    host = torch.backends.cpu.get_cpu_capability().lower()
+    if host not in _LEVELS or _LEVELS[capability] > _LEVELS[host]:
+        pytest.skip(f"this host runs ATen at {host}, below {capability}")
+    script = _POOL_GRAD_SCRIPT.format(setup=setup, device=device, backend=backend)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCH_DEVICE_BACKEND_AUTOLOAD": autoload,
+           "ATEN_CPU_CAPABILITY": capability}
+    p = run_python(script, env=env, timeout=300)
+    assert p.returncode == 0, (capability, p.stdout[-2000:] + p.stderr[-3000:])
+    bits, error = [l for l in p.stdout.splitlines() if l.startswith("RESULT")][-1].split()[1:]
+    return int(bits), float(error)
+
+
+@pytest.mark.parametrize("capability", sorted(_LEVELS))
+def test_max_pool_backward_is_exact_at_every_vector_isa(tmp_path, capability):
+    """The gradient of max_pool2d then a mean, compiled on neuron at each ISA the host runs: bit for bit
+    eager's. Inductor scatters that gradient with ATen's scatter_reduce on the CPU; before neuron took
+    the same choice (patch inductor-scatter-fallback), it took the generated atomic scatter, whose AVX2
+    code puts row r + i at 256 r + 512 i: wrong gradients (0.07 off here), or an 'index out of bounds'
+    abort in a conv net's training step."""
+    _, error = _pool_grad_error(tmp_path, capability, "neuron", "neuron")
+    assert error == 0.0
+
+
+def test_stock_inductors_generated_scatter_still_miscompiles_at_avx2(tmp_path):
+    """Upstream, not neuron: stock Inductor on CPU tensors, without torchneuron, with its generated atomic
+    scatter (config.cpp.fallback_scatter_reduce_sum off, as every non-CPU device has it) at AVX2. When
+    this fails, PyTorch's AVX2 code for it is right, and patch inductor-scatter-fallback is no longer
+    needed for correctness."""
+    setup = "import torch._inductor.config as config\nconfig.cpp.fallback_scatter_reduce_sum = False"
+    bits, error = _pool_grad_error(tmp_path, "avx2", "cpu", "inductor", setup=setup, autoload="0")
+    assert bits == 256 and error > 1e-3
+
+
 _SCALAR_FIRST = {
     "add": lambda s, a: s + a,
     "mul_add": lambda s, a: s * a + s,

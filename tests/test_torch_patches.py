@@ -46,6 +46,12 @@ def test_patched_targets_answer_for_neuron():
     assert utils.get_current_backend("cpu") == config.cpu_backend
     from torch._inductor import lowering
     assert lowering.is_gpu("neuron") and not lowering.is_gpu("cpu") and not utils.is_gpu("neuron")
+    from torch._inductor import decomposition
+    scatter_sum = (torch.ops.aten.scatter_reduce_.two, "sum", torch.float32, torch.float32)
+    for fallback in (utils.use_scatter_fallback, lowering.use_scatter_fallback, decomposition.use_scatter_fallback):
+        assert fallback(*scatter_sum, "neuron", True) == fallback(*scatter_sum, "cpu", True)
+        assert fallback(*scatter_sum, src_device_type="neuron", src_is_tensor=True) == \
+            fallback._torchneuron_original(*scatter_sum, "cpu", True)
 
 
 def test_every_holder_of_get_current_backend_is_rebound():
@@ -94,6 +100,9 @@ def _missing(monkeypatch, name):
     elif name == "inductor-pointwise-device":
         from torch._inductor import lowering
         monkeypatch.delattr(lowering, "is_gpu")
+    elif name == "inductor-scatter-fallback":
+        from torch._inductor import decomposition
+        monkeypatch.delattr(decomposition, "use_scatter_fallback")
     elif name == "inductor-wrapper-overrides":
         monkeypatch.delattr(PythonWrapperCodegen, "_generate_kernel_call_helper")
     elif name == "inductor-compiled-callable":

@@ -19,6 +19,8 @@ patch                                   target
                                         neuron inputs
 ``inductor-pointwise-device``           ``torch._inductor.lowering.is_gpu``, as read by
                                         ``make_pointwise``
+``inductor-scatter-fallback``           ``torch._inductor.utils.use_scatter_fallback``, in the
+                                        modules that imported it (lowering, decomposition)
 ``inductor-wrapper-overrides``          (checked only) the ``PythonWrapperCodegen`` methods,
                                         one of them private, that our wrapper overrides
 ``inductor-compiled-callable``          ``CompiledFxGraph.current_callable`` of each graph
@@ -357,6 +359,56 @@ _register(
         "tensor where eager gives a neuron one. With neuron preferred as a GPU is, the node runs on neuron "
         "and reads the scalar as a GPU kernel does.",
     check=_check_pointwise_device, apply=_apply_pointwise_device)
+
+
+# --------------------------------------------------------------------------- inductor-scatter-fallback
+
+_SCATTER_FALLBACK_HOLDERS = ("torch._inductor.lowering", "torch._inductor.decomposition")
+
+
+def _check_scatter_fallback() -> None:
+    name = "inductor-scatter-fallback"
+    utils = _module(name, "torch._inductor.utils")
+    fn = _require(name, utils, "use_scatter_fallback", "torch._inductor.utils")
+    _require_params(name, fn, "torch._inductor.utils.use_scatter_fallback", ("src_device_type",))
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        _fail(name, "torch._inductor.utils.use_scatter_fallback no longer has Python source")
+    if 'src_device_type == "cpu"' not in source or "fallback_scatter_reduce_sum" not in source:
+        _fail(name, "use_scatter_fallback no longer keeps the C++ backend's scatter_reduce sum fallback "
+                    "(config.cpp.fallback_scatter_reduce_sum) for src_device_type 'cpu'")
+    for dotted in _SCATTER_FALLBACK_HOLDERS:
+        if _original(getattr(_module(name, dotted), "use_scatter_fallback", None)) is not fn:
+            _fail(name, f"{dotted} no longer holds torch._inductor.utils.use_scatter_fallback")
+
+
+def _apply_scatter_fallback() -> None:
+    def make(original):
+        def use_scatter_fallback(*args, **kwargs):
+            bound = inspect.signature(original).bind(*args, **kwargs)
+            if bound.arguments["src_device_type"] == "neuron":
+                bound.arguments["src_device_type"] = "cpu"
+            return original(*bound.args, **bound.kwargs)
+        return use_scatter_fallback
+
+    for dotted in ("torch._inductor.utils", *_SCATTER_FALLBACK_HOLDERS):
+        _replace(importlib.import_module(dotted), "use_scatter_fallback", make)
+
+
+_register(
+    "inductor-scatter-fallback",
+    target="torch._inductor.utils.use_scatter_fallback, and the same name in lowering and decomposition, "
+           "answers for neuron as for the CPU",
+    why="Whether a scatter_add/scatter_reduce(sum) runs as ATen's kernel or inside a generated kernel with "
+        "atomic adds is the code generator's choice, and Inductor makes it for the C++ backend by device "
+        "type 'cpu' (config.cpp.fallback_scatter_reduce_sum). neuron's kernels are that backend's, so they "
+        "take its choice. The other path is one the C++ backend is not run with: on the AVX2 path its "
+        "generated kernel for max_pool2d's backward (the atomic scatter of the gradient, tiled by 8 rows) "
+        "writes row r + i at 256 * r + 512 * i, giving wrong gradients silently, or an 'index out of "
+        "bounds' abort when the stale indices it then reads fall outside the window. Stock Inductor on CPU "
+        "tensors gives the same wrong gradients with fallback_scatter_reduce_sum off.",
+    check=_check_scatter_fallback, apply=_apply_scatter_fallback)
 
 
 # --------------------------------------------------------------------------- inductor-wrapper-overrides

@@ -136,6 +136,7 @@ def register() -> None:
     _torch_patches.apply("inductor-current-backend")
     _torch_patches.apply("inductor-argreduce-logical-index")
     _torch_patches.apply("inductor-pointwise-device")
+    _torch_patches.apply("inductor-scatter-fallback")
     _torch_patches.apply("inductor-layout-opt")
     _torch_patches.apply("inductor-conv-bias")
     codegen_config.vec_isa = str(pick_vec_isa())  # both part of every cached graph's key
