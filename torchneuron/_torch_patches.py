@@ -158,6 +158,14 @@ def _require(name: str, owner: Any, attr: str, where: str):
     return _original(fn)
 
 
+def _source(name: str, obj, where: str) -> str:
+    """The Python source of ``obj`` (a function or module), which the check reads."""
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        _fail(name, f"{where} no longer has Python source")
+
+
 def _require_params(name: str, fn, where: str, params: tuple[str, ...]) -> None:
     """``fn`` takes ``params``, in this order (other parameters may follow or sit between)."""
     try:
@@ -281,10 +289,7 @@ def _check_argreduce_logical_index() -> None:
     fn = _require(name, lowering, "_make_reduction_inner", "torch._inductor.lowering")
     _require_params(name, fn, "torch._inductor.lowering._make_reduction_inner", ("x",))
     _require(name, lowering, "is_triton", "torch._inductor.lowering")
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        _fail(name, "torch._inductor.lowering._make_reduction_inner no longer has Python source")
+    source = _source(name, fn, "torch._inductor.lowering._make_reduction_inner")
     if ("supports_logical_index_argreduce = is_triton(x) or (" not in source
             or 'ir.get_device_type(x) == "cpu" and config.cpu_backend == "cpp"' not in source):
         _fail(name, "_make_reduction_inner no longer decides by is_triton(x) or the CPU's C++ backend whether "
@@ -333,10 +338,8 @@ def _check_pointwise_device() -> None:
     if _original(getattr(lowering, "is_gpu", None)) is not getattr(utils, "is_gpu", None):
         _fail(name, "torch._inductor.lowering no longer holds torch._inductor.utils.is_gpu as is_gpu")
     make_pointwise = _require(name, lowering, "make_pointwise", "torch._inductor.lowering")
-    try:
-        module_source, source = inspect.getsource(lowering), inspect.getsource(make_pointwise)
-    except (OSError, TypeError):
-        _fail(name, "torch._inductor.lowering.make_pointwise no longer has Python source")
+    module_source = _source(name, lowering, "torch._inductor.lowering")
+    source = _source(name, make_pointwise, "torch._inductor.lowering.make_pointwise")
     if module_source.count("is_gpu(") != 1 or "if is_gpu(i.get_device().type):" not in source:
         _fail(name, "torch._inductor.lowering no longer asks is_gpu once, in make_pointwise, which input's "
                     "device a pointwise node runs on")
@@ -371,10 +374,7 @@ def _check_scatter_fallback() -> None:
     utils = _module(name, "torch._inductor.utils")
     fn = _require(name, utils, "use_scatter_fallback", "torch._inductor.utils")
     _require_params(name, fn, "torch._inductor.utils.use_scatter_fallback", ("src_device_type",))
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        _fail(name, "torch._inductor.utils.use_scatter_fallback no longer has Python source")
+    source = _source(name, fn, "torch._inductor.utils.use_scatter_fallback")
     if 'src_device_type == "cpu"' not in source or "fallback_scatter_reduce_sum" not in source:
         _fail(name, "use_scatter_fallback no longer keeps the C++ backend's scatter_reduce sum fallback "
                     "(config.cpp.fallback_scatter_reduce_sum) for src_device_type 'cpu'")
@@ -652,7 +652,7 @@ def _check_c10d_monitored_barrier() -> None:
         _require(name, c10d, attr, _C10D)
     _require(name, _module(name, "torch._C._distributed_c10d").Backend, "monitored_barrier",
              "torch._C._distributed_c10d.Backend")
-    if "only implemented for GLOO" not in inspect.getsource(barrier):
+    if "only implemented for GLOO" not in _source(name, barrier, f"{_C10D}.monitored_barrier"):
         _fail(name, f"{_C10D}.monitored_barrier no longer refuses backends other than gloo, expected "
                     "its 'only implemented for GLOO backend' check (the patch may be unnecessary now)")
 
@@ -714,10 +714,7 @@ def _check_fake_conv_layout() -> None:
         _fail(name, f"fake_impls no longer registers one implementation for {', '.join(_FAKE_CONV_OPS)}")
     fn = fns.pop()
     _require_params(name, fn, "torch._subclasses.fake_impls.conv", ("fake_mode", "func"))
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        _fail(name, "torch._subclasses.fake_impls.conv no longer has Python source")
+    source = _source(name, fn, "torch._subclasses.fake_impls.conv")
     if "input_.fake_device" not in source or "_conv_determine_backend_memory_format" not in source:
         _fail(name, "fake_impls.conv no longer picks the result layout from the input's fake device "
                     "(_select_conv_backend, _conv_determine_backend_memory_format)")
@@ -782,11 +779,9 @@ def _check_layout_opt() -> None:
     if not isinstance(getattr(graph, "SUPPORTED_MKLDNN_DEVICES", None), tuple):
         _fail(name, "torch._inductor.graph.SUPPORTED_MKLDNN_DEVICES is no longer a tuple")
     lowering = _require(name, graph, "GraphLowering", "torch._inductor.graph")
-    try:
-        module_source = inspect.getsource(graph)
-        source = inspect.getsource(lowering.decide_layout_opt)
-    except (OSError, TypeError, AttributeError):
-        _fail(name, "torch._inductor.graph.GraphLowering.decide_layout_opt no longer has Python source")
+    module_source = _source(name, graph, "torch._inductor.graph")
+    source = _source(name, getattr(lowering, "decide_layout_opt", None),
+                     "torch._inductor.graph.GraphLowering.decide_layout_opt")
     if module_source.count("SUPPORTED_MKLDNN_DEVICES") != 2 or "in SUPPORTED_MKLDNN_DEVICES" not in source:
         _fail(name, "torch._inductor.graph no longer reads SUPPORTED_MKLDNN_DEVICES only in decide_layout_opt "
                     "(where every convolution on such a device turns channels-last on)")
@@ -824,10 +819,7 @@ def _check_conv_bias() -> None:
         _fail(name, "torch._inductor.kernel.conv.convolution no longer is the lowering of aten.convolution")
     if not hasattr(getattr(conv, "ir", None), "get_device_type"):
         _fail(name, "torch._inductor.kernel.conv no longer reaches get_device_type through its module name ir")
-    try:
-        source = inspect.getsource(fn)
-    except (OSError, TypeError):
-        _fail(name, "torch._inductor.kernel.conv.convolution no longer has Python source")
+    source = _source(name, fn, "torch._inductor.kernel.conv.convolution")
     if (source.count("ir.get_device_type(") != 1 or 'bias is not None and device_type != "cpu"' not in source
             or "device_type" not in source):
         _fail(name, "the convolution lowering no longer asks ir.get_device_type once, to keep the bias in the "
