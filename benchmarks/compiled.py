@@ -89,6 +89,7 @@ def build(workload, variant: str, train: bool):
         @torch.no_grad()
         def infer():
             return fwd(x)
+        infer.model = model
         return infer
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, foreach=True)
 
@@ -97,7 +98,30 @@ def build(workload, variant: str, train: bool):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+    step.model = model
     return step
+
+
+def check_agreement(workload: str, fns: dict, rtol: float = 1e-4) -> None:
+    """After the same calls on every variant (same initial weights, same batches): each variant's
+    weights and buffers, and an inference's output, agree with Inductor's on the CPU. A speed figure
+    of a wrong computation is no figure; this is how the benchmark would see one."""
+    def state(fn):
+        out = dict(fn.model.state_dict())
+        if not fn.model.training:
+            leaves = torch.utils._pytree.tree_leaves(fn())
+            out |= {f"output {i}": t for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)}
+        return out
+
+    with torch.no_grad():
+        expected = state(fns["cpu_inductor"])
+        for variant, fn in fns.items():
+            for key, have in state(fn).items():
+                want = expected[key].double()
+                err = (have.cpu().double() - want).abs().max().item()
+                if err > rtol * (1 + want.abs().max().item()):
+                    raise AssertionError(f"compiled benchmark {workload}: {variant}'s {key} differs from "
+                                         f"Inductor's on the CPU by {err:.3g}")
 
 
 def _run_all(fns: dict, steps: int, repeats: int) -> dict:
@@ -190,6 +214,7 @@ def run(cfg: Config, bar) -> dict:
             torch._dynamo.reset()
             fns = {v: build(w, v, train=(mode == "train")) for v in VARIANTS}
             r = _run_all(fns, steps, repeats)
+            check_agreement(f"{name}_{mode}", fns)
             s = {v: r[v]["s"] for v in VARIANTS}
             r["compiled_speed_vs_cpu_inductor"] = s["cpu_inductor"] / s["neuron_compiled"]
             r["best_speed_vs_cpu_inductor"] = s["cpu_inductor"] / min(s["neuron_compiled"],
