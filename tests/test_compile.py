@@ -640,10 +640,10 @@ def _result(p) -> tuple[int, float]:
 @pytest.mark.parametrize("capability", sorted(_LEVELS))
 def test_max_pool_backward_is_exact_at_every_vector_isa(tmp_path, capability):
     """The gradient of max_pool2d then a mean, compiled on neuron at each ISA the host runs: bit for bit
-    eager's. Inductor scatters that gradient with ATen's scatter_reduce on the CPU; before neuron took
-    the same choice (patch inductor-scatter-fallback), it took the generated atomic scatter, whose AVX2
-    code puts row r + i at 256 r + 512 i: wrong gradients (0.07 off here), or an 'index out of bounds'
-    abort in a conv net's training step."""
+    eager's. Inductor scatters that gradient with ATen's scatter_reduce on the CPU, and neuron takes the
+    same choice (patch inductor-scatter-fallback). Without it neuron takes the generated atomic scatter,
+    whose AVX2 code puts row r + i at 256 r + 512 i: wrong gradients (0.08 off here), or an 'index out
+    of bounds' abort in a conv net's training step."""
     _, error = _result(_pool_grad_child(tmp_path, capability, "neuron", "neuron"))
     assert error == 0.0
 
