@@ -19,6 +19,20 @@ def run_python(code: str, env: dict | None = None, timeout: float = 120,
                           env=full_env, timeout=timeout, cwd=ROOT)
 
 
+#: ATen's CPU capabilities, by level
+CPU_LEVELS = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
+
+
+def skip_above_host(capability: str) -> None:
+    """Skips a test that forces ATen's CPU capability above this host's (ATen would run kernels the CPU lacks)."""
+    import pytest
+    import torch
+
+    host = torch.backends.cpu.get_cpu_capability()
+    if CPU_LEVELS[capability.upper()] > CPU_LEVELS.get(host, 0):
+        pytest.skip(f"this host runs ATen at {host}, below {capability}")
+
+
 class DeviceTanhOnCpu:
     """Within this context, float32 `tanh` on CPU tensors is the device's own
     function (docs/numerics.md), everything else stays the CPU's. A CPU run of

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import torchneuron  # noqa: F401
 import torchneuron.compile as tnc
-from neuron_testing import run_python
+from neuron_testing import CPU_LEVELS, run_python, skip_above_host
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import gpt_model as gm  # noqa: E402
@@ -615,15 +615,12 @@ x = x0.to({device!r}).requires_grad_()
 torch.compile(head, backend={backend!r})(x).backward(go.to({device!r}))
 print("RESULT", pick_vec_isa().bit_width(), (x.grad.cpu() - ref.grad).abs().max().item())
 """
-_LEVELS = {"default": 0, "avx2": 1, "avx512": 2}
 
 
 def _pool_grad_child(tmp_path, capability, device, backend, setup="", autoload="1"):
     """_POOL_GRAD_SCRIPT run in a child at ATen's CPU capability `capability` (skipped where the host is
     below it)."""
-    host = torch.backends.cpu.get_cpu_capability().lower()
-    if host not in _LEVELS or _LEVELS[capability] > _LEVELS[host]:
-        pytest.skip(f"this host runs ATen at {host}, below {capability}")
+    skip_above_host(capability)
     script = _POOL_GRAD_SCRIPT.format(setup=setup, device=device, backend=backend)
     env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "TORCH_DEVICE_BACKEND_AUTOLOAD": autoload,
            "ATEN_CPU_CAPABILITY": capability}
@@ -637,7 +634,7 @@ def _result(p) -> tuple[int, float]:
     return int(bits), float(error)
 
 
-@pytest.mark.parametrize("capability", sorted(_LEVELS))
+@pytest.mark.parametrize("capability", sorted(level.lower() for level in CPU_LEVELS))
 def test_max_pool_backward_is_exact_at_every_vector_isa(tmp_path, capability):
     """The gradient of max_pool2d then a mean, compiled on neuron at each ISA the host runs: bit for bit
     eager's. Inductor scatters that gradient with ATen's scatter_reduce on the CPU, and neuron takes the

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import torchneuron
+from neuron_testing import skip_above_host
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-LEVELS = {"AVX512": 2, "AVX2": 1, "DEFAULT": 0}
 # A sweep of bit patterns (every exponent, sign and NaN class) through the
 # device's tanh: its hash, printed by a child.
 def tanh_sweep():
@@ -33,9 +33,7 @@ print(torchneuron._C._isa()["path"], tanh_sweep())
 
 
 def _forced(capability):
-    """Skips a level above ATen's on this host (ATen would run kernels the CPU lacks)."""
-    if LEVELS[capability.upper()] > LEVELS.get(torch.backends.cpu.get_cpu_capability(), 0):
-        pytest.skip(f"this host runs below {capability}")
+    skip_above_host(capability)
     return {**os.environ, "ATEN_CPU_CAPABILITY": capability}
 
 

@@ -385,8 +385,10 @@ def _check_scatter_fallback() -> None:
 
 def _apply_scatter_fallback() -> None:
     def make(original):
+        signature = inspect.signature(original)
+
         def use_scatter_fallback(*args, **kwargs):
-            bound = inspect.signature(original).bind(*args, **kwargs)
+            bound = signature.bind(*args, **kwargs)
             if bound.arguments["src_device_type"] == "neuron":
                 bound.arguments["src_device_type"] = "cpu"
             return original(*bound.args, **bound.kwargs)
