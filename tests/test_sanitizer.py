@@ -382,6 +382,78 @@ def test_environment_variable(monkeypatch):
     assert sanitizer.active() is None
 
 
+def in_threads(*targets):
+    import threading
+
+    pool = [threading.Thread(target=t) for t in targets]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+
+
+def test_threads_started_while_it_is_on_are_watched():
+    """A race between two threads that never enabled it, each on a stream of its own: found, with both
+    accesses; two threads on one stream are ordered by it and clean."""
+    import threading
+
+    a = torch.ones(N, device="neuron")
+    torch.neuron.synchronize()
+    written, errors = threading.Event(), []
+
+    def writer():
+        with torch.neuron.stream(torch.neuron.Stream()):
+            a.mul_(2)
+        written.set()
+
+    def reader():
+        written.wait()
+        with torch.neuron.stream(torch.neuron.Stream()):
+            try:
+                a + 1
+            except StreamRaceError as e:
+                errors.append(e)
+
+    with stream_sanitizer() as san:
+        in_threads(writer, reader)
+    torch.neuron.synchronize()
+    assert len(errors) == 1 and len(san.reports) == 1
+    (r,) = san.reports
+    assert r.current.op == "aten::add.Tensor" and r.previous.op == "aten::mul_.Tensor" and r.previous.write
+
+    def on_default_stream():
+        for _ in range(50):
+            a.mul_(1.0)
+            (a + 1).sum()
+
+    clean(lambda: in_threads(on_default_stream, on_default_stream))
+
+
+def test_a_threads_mode_goes_with_the_thread_or_the_sanitizer():
+    """A thread started under the sanitizer and still running after it stops sees no more of it; its
+    mode leaves when the thread ends (test_threads.py's children exit cleanly under it: a mode left on
+    a thread aborts the exiting interpreter)."""
+    import threading
+
+    go, done = threading.Event(), threading.Event()
+
+    def late():
+        go.wait()
+        s = torch.neuron.Stream()
+        b = torch.ones(N, device="neuron")
+        with torch.neuron.stream(s):
+            b + 1  # a race, but the sanitizer is off by now
+        done.set()
+
+    with stream_sanitizer() as san:
+        t = threading.Thread(target=late)
+        t.start()
+    go.set()
+    t.join()
+    assert done.is_set() and san.reports == []
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
 # Test files run again under the whole-program sanitizer (the whole suite under it is docs/sanitizers.md's
 # command): nested tensors, streams and copies between devices, and the profiler's programs on a side stream.
 CLEAN_FILES = ["tests/test_nested.py", "tests/test_guard_and_streams.py", "tests/test_profiler.py"]

@@ -34,13 +34,17 @@ stack), the tensor's shape and the operator that allocated its storage, as a
 
 Use ``TORCHNEURON_STREAM_SANITIZER=1`` (``=warn`` to warn) for a whole
 program, read when torchneuron is imported, or :func:`stream_sanitizer` as a
-context manager. Like CUDA's, it watches the thread that enabled it (and the
-autograd engine's threads working for it). docs/sanitizers.md has the rest.
+context manager. It watches the thread that enabled it, the autograd
+engine's threads working for it and every thread started while it is on
+(``threading.setprofile`` gives each its own dispatch mode before its first
+line); threads that were already running are not seen. docs/sanitizers.md has
+the rest.
 """
 from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 import warnings
 from contextlib import contextmanager
@@ -429,6 +433,8 @@ class _Mode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.sanitizer is not _active:  # a thread's mode outlives its sanitizer
+            return func(*args, **kwargs)
         schema = func._schema
         name = schema.name
         if func is _aten.record_stream.default or (
@@ -553,6 +559,38 @@ def _on_kernel(kernel, name: str, args) -> None:
 
 _active: StreamSanitizer | None = None
 _mode: _Mode | None = None
+_previous_thread_profile = None  # threading's profile hook before the sanitizer's
+_thread_mode = threading.local()
+
+
+class _ThreadMode:
+    """A mode entered for the rest of a thread's life (inert once its sanitizer is off), left when
+    the thread ends: its thread-local slot is cleared then, on the thread, with the GIL held. A
+    mode left on a thread's stack would be released by C++'s thread-local destructors, which take
+    the GIL and abort the process if the interpreter is exiting meanwhile."""
+
+    def __init__(self, san: StreamSanitizer):
+        self.mode = _Mode(san)
+        self.mode.__enter__()
+
+    def __del__(self):
+        self.mode.__exit__(None, None, None)
+
+
+def _watch_new_threads(san: StreamSanitizer) -> None:
+    """Threads started from now on enter a mode of `san` before their first line, then hand the
+    profile hook back to whatever threading had (a profiler's, or none)."""
+    global _previous_thread_profile
+    previous = _previous_thread_profile = threading.getprofile()
+
+    def hook(frame, event, arg):
+        sys.setprofile(previous)
+        if _active is san:
+            _thread_mode.entered = _ThreadMode(san)
+        if previous is not None:
+            previous(frame, event, arg)
+
+    threading.setprofile(hook)
 
 
 def active() -> StreamSanitizer | None:
@@ -561,7 +599,8 @@ def active() -> StreamSanitizer | None:
 
 
 def enable(on_race: str = "raise") -> StreamSanitizer:
-    """Starts a sanitizer on this thread (``on_race``: "raise" or "warn") and returns it."""
+    """Starts a sanitizer on this thread and the threads started from now on (``on_race``: "raise"
+    or "warn") and returns it."""
     global _active, _mode
     if _active is not None:
         raise RuntimeError("the stream sanitizer is already on")
@@ -571,6 +610,7 @@ def enable(on_race: str = "raise") -> StreamSanitizer:
     _active, _mode = san, _Mode(san)
     launch.observer = _on_kernel
     _mode.__enter__()
+    _watch_new_threads(san)
     return san
 
 
@@ -582,6 +622,7 @@ def disable() -> StreamSanitizer | None:
         return None
     from .compile import launch
     launch.observer = None
+    threading.setprofile(_previous_thread_profile)
     mode.__exit__(None, None, None)
     _C._sanitizer_log(False)
     _active = _mode = None

@@ -4,6 +4,9 @@
     python -m tests.fuzz --path generic --programs 5000   many, in child processes (a crash or a hang
                                                           is a finding that names its seed); each class
                                                           of mismatch minimised once, into --out
+    python -m tests.fuzz --path generic --programs 5000 --threads 4
+                                                          many, four at a time in host threads (on one
+                                                          stream, then a stream each), in this process
 Run it under `nice -n 15` on a shared machine.
 """
 from __future__ import annotations
@@ -129,6 +132,23 @@ def many(path: str, first: int, count: int, out: str, per_child: int, timeout: f
     return 1 if classes else 0
 
 
+def threaded(path: str, first: int, count: int, threads: int) -> int:
+    """Programs run `threads` at a time, one host thread each (runner.check_threaded), on a shared
+    stream and on a stream each, in this process; the failing seeds and their first mismatches."""
+    failing, started = {}, time.time()
+    for own in (False, True):
+        for batch in range(first, first + count, threads):
+            programs = [generator.generate(s, path) for s in range(batch, min(batch + threads, first + count))]
+            for seed, found in runner.check_threaded(programs, own).items():
+                failing[(seed, own)] = [str(m) for m in found[:3]]
+            print(f"[fuzz {path}, {threads} threads, {'own streams' if own else 'shared stream'}] "
+                  f"{min(batch + threads, first + count) - first}/{count} programs, {len(failing)} failing, "
+                  f"{time.time() - started:.0f} s", flush=True)
+    for (seed, own), found in failing.items():
+        print(f"seed {seed} ({'own streams' if own else 'shared stream'}): {'; '.join(found)}")
+    return 1 if failing else 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,6 +160,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="fuzz-results", help="with --programs: where the findings go")
     parser.add_argument("--per-child", type=int, default=250, help="programs per child process")
     parser.add_argument("--timeout", type=float, default=900, help="seconds a child may take")
+    parser.add_argument("--threads", type=int, help="with --programs: run them this many at a time, in threads")
     parser.add_argument("--chunk", type=int, nargs=2, metavar=("FIRST", "COUNT"), help=argparse.SUPPRESS)
     parser.add_argument("--log", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -147,6 +168,8 @@ def main(argv=None) -> int:
         return chunk(args.path, args.chunk[0], args.chunk[1], args.log)
     if args.seed is not None:
         return one(args.path, args.seed, args.show)
+    if args.programs and args.threads:
+        return threaded(args.path, args.first_seed, args.programs, args.threads)
     if args.programs:
         return many(args.path, args.first_seed, args.programs, args.out, args.per_child, args.timeout)
     parser.error("give --seed or --programs")

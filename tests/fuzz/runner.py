@@ -455,6 +455,47 @@ def check(program: Program) -> list:
     return found
 
 
+def check_threaded(programs: list, own_streams: bool) -> dict:
+    """The mismatches of each program (by seed) when their neuron runs happen at the same time, one
+    host thread each, on the default stream or (`own_streams`) a stream each: the first and second
+    run of each, as check() makes them, against its CPU run made alone. Programs that raise on the
+    CPU are left out (a device error is the device's, whichever thread's work raised it); so are
+    compiled ones. Comparisons are made after the threads are done."""
+    import threading
+
+    programs = [p for p in programs if p.path != "compiled"]
+    cpu = {p.seed: execute(p, "cpu") for p in programs}
+    programs = [p for p in programs if not any(o.error for o in cpu[p.seed].outcomes)]
+    runs, failures = {}, []
+    barrier = threading.Barrier(len(programs)) if programs else None
+
+    def thread(p):
+        try:
+            stream = torch.neuron.Stream() if own_streams else torch.neuron.default_stream()
+            with torch.neuron.stream(stream):
+                barrier.wait()
+                sync_each = PROFILES[p.path].sync_each
+                runs[p.seed] = [execute(p, DEVICE, sync_each) for _ in range(2)]
+        except BaseException as e:  # noqa: BLE001 - the runner failing is a finding too
+            failures.append((p.seed, e))
+            barrier.abort()
+
+    with warnings.catch_warnings():  # execute's own catch_warnings is not thread-safe
+        warnings.simplefilter("ignore")
+        pool = [threading.Thread(target=thread, args=(p,)) for p in programs]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    found = {seed: [Mismatch("runner error", "", f"{type(e).__name__}: {e}")] for seed, e in failures}
+    for p in programs:
+        for label, dev in zip(("first run", "second run"), runs.get(p.seed, [])):
+            for m in compare(p, cpu[p.seed], dev, PROFILES[p.path].sync_each):
+                m.where = f"{m.where}, {label} in a thread"
+                found.setdefault(p.seed, []).append(m)
+    return found
+
+
 def locate(program: Program) -> list:
     """The neuron runs again, synchronised after each statement: say at which statement an error came."""
     cpu = execute(program, "cpu")

@@ -72,6 +72,30 @@ def test_fuzz(path, capsys):
     torch.neuron.synchronize()
 
 
+# Threaded mode: programs whose neuron runs happen at once, one host thread each (runner.check_threaded).
+CI_THREADED = {"lean": 240, "generic": 240, "fused": 80}
+THREADS = 4
+
+
+@pytest.mark.parametrize("own_streams", [False, True], ids=["shared stream", "own streams"])
+@pytest.mark.parametrize("path", list(CI_THREADED))
+def test_fuzz_threaded(path, own_streams, capsys):
+    first = int(os.environ.get("TORCHNEURON_FUZZ_SEED", "0"))
+    count = int(os.environ.get("TORCHNEURON_FUZZ_PROGRAMS", "0")) or CI_THREADED[path]
+    known_findings.used.clear()
+    failing = {}
+    start = time.perf_counter()
+    for batch in range(first, first + count, THREADS):
+        programs = [generate(seed, path) for seed in range(batch, min(batch + THREADS, first + count))]
+        failing |= runner.check_threaded(programs, own_streams)
+    with capsys.disabled():
+        print(f"\nfuzz {path} in {THREADS} threads ({'own streams' if own_streams else 'shared stream'}): "
+              f"{count} programs from seed {first}, {time.perf_counter() - start:.1f} s, "
+              f"{len(failing)} failing")
+    assert not failing, "\n".join(f"seed {seed}: " + "; ".join(map(str, ms[:3])) for seed, ms in list(failing.items())[:5])
+    torch.neuron.synchronize()
+
+
 def test_every_known_finding_has_its_strict_xfail():
     """Each finding the fuzzer leaves out names a regression test that exists and is a strict xfail,
     so that a fix shows (the test XPASSes and fails) and the finding's entry goes with it."""

@@ -426,10 +426,24 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
     ret = map_tensors(ret, [&](const at::Tensor& t) {
       if (!t.defined() || !t.is_cpu()) return t;
       at::Tensor d = empty_like_on(t, device);
-      host_view(d).copy_(t);
+      write_from_host(current_runtime_stream(device), d, t, /*owned=*/true);
       return d;
     });
   }
+}
+
+void write_from_host(rt::Stream& stream, const at::Tensor& dst, const at::Tensor& src, bool owned) {
+  if (stream.query()) {
+    memcheck::HostAccess access;  // and what the memory checker owes the stream that went idle
+    host_view(dst).copy_(src);
+    return;
+  }
+  translate_errors([&] {
+    stream.enqueue("aten::copy_", [dst = host_view(dst), src = owned ? src : src.clone(at::MemoryFormat::Preserve)]() mutable {
+      auto guard = below_autograd();
+      dst.copy_(src);
+    });
+  });
 }
 
 void adopt_metadata(const at::Tensor& d, const at::Tensor& m) {

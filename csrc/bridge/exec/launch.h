@@ -17,6 +17,9 @@
 #include <vector>
 
 namespace torchneuron {
+namespace runtime {
+class Stream;
+}
 
 struct OpPolicy;
 
@@ -41,6 +44,13 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
 // for (its functional form); without it, `op`'s is looked up.
 void call_kernel(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack);
 void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// Writes host tensor `src` into device tensor `dst` in `stream`'s order, as
+// every host write into device memory must be: a block the allocator hands
+// out may have been freed on the stream (by any thread) while queued work
+// still reads it. Now, if the stream has nothing queued; otherwise as a task
+// that holds `src` (a copy of it unless `owned`: the caller may reuse it).
+void write_from_host(runtime::Stream& stream, const at::Tensor& dst, const at::Tensor& src, bool owned);
 
 // Makes device tensor `d` take the metadata `m` computed for it (an out=
 // argument resized by the op, or an in-place metadata change).

@@ -15,9 +15,9 @@
 #include "../device_state.h"
 #include "../exec/fuser.h"
 #include "../exec/host_views.h"
+#include "../exec/launch.h"
 #include "../exec/op_policy.h"
 #include "../host_allocator.h"
-#include "../memcheck.h"
 #include "kernels.h"
 
 namespace torchneuron::ops {
@@ -84,16 +84,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     }
   } else if (dst_dev) {
     rt::Stream& stream = current_runtime_stream(dst.device().index());
-    if (non_blocking && is_pinned(self.storage().data())) {
-      enqueue_copy(stream, host_view(dst), self);
-    } else if (stream.query()) {
-      // The device is idle: copy now, after what the memory checker owes the
-      // stream that went idle since this call's own scope began (register.cpp).
-      memcheck::HostAccess access;
-      host_view(dst).copy_(self);
-    } else {
-      enqueue_copy(stream, host_view(dst), self.clone(at::MemoryFormat::Preserve));
-    }
+    if (non_blocking && is_pinned(self.storage().data())) enqueue_copy(stream, host_view(dst), self);
+    else write_from_host(stream, dst, self, /*owned=*/false);
   } else {
     rt::Stream& stream = current_runtime_stream(self.device().index());
     if (non_blocking && is_pinned(dst.storage().data())) {
