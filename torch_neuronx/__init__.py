@@ -8,7 +8,10 @@ is shipped by the ``torchneuron`` distribution (not PyPI's unrelated
 the ``neuron`` device, so with it installed those libraries select ``neuron``
 by themselves (docs/huggingface.md).
 
-It also carries the public functions of AWS's ``torch_neuronx`` that have a
+Its native API (``synchronize``, ``device_count``, ``Stream``, the memory
+functions, op tracking as lists of names, ``nki_op``, ``wrap_nki``: see
+:mod:`torch_neuronx._native`) answers as TorchNeuron's does. It also carries
+the functions of AWS's earlier XLA-based ``torch_neuronx`` that have a
 meaning on this device (:func:`trace`, :func:`replace_weights`,
 :func:`analyze`, :class:`DataParallel`, :func:`dynamic_batch`,
 :func:`lazy_load`, :func:`async_load`, :func:`move_trace_to_device`,
@@ -36,6 +39,8 @@ from ._api import (  # noqa: E402
     trace,
 )
 from . import experimental  # noqa: E402,F401
+from . import _native  # noqa: E402
+from ._native import *  # noqa: E402,F401,F403
 
 __all__ = [
     "__version__",
@@ -48,7 +53,7 @@ __all__ = [
     "async_load",
     "move_trace_to_device",
     "experimental",
-]
+] + _native.__all__
 
 
 def __getattr__(name: str):
