@@ -647,9 +647,10 @@ def write_report(res: ModuleSweepResult, directory: str):
     L.append("## Within a named tolerance\n")
     for name, why in TOLERANCES.items():
         L.append(f"- `{name}`: {why}.")
-    L.append("")
+    if TOLERANCES:
+        L.append("")
     if not res.tolerated:
-        L.append("No sample needed one.\n")
+        L.append("None: every sample is compared exactly.\n" if not TOLERANCES else "No sample needed one.\n")
     for t in res.tolerated:
         L.append(f"- `{t['module']}` {t['mode']} sample {t['sample']} {t['desc']}: {t['note'][:400]}")
     L.append("")
