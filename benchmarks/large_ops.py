@@ -87,7 +87,9 @@ def _cases(cfg: Config) -> dict:
 
     cases = {f"add_{n // 2**20}M" if n >= 2**20 else f"add_{n}": (add, {"bytes": 3 * F32 * n})}
     for k in (4, 8):  # bytes: what a fully fused pass must move (two inputs, one output)
-        library = [torch.sigmoid]  # the member computed as ATen's kernel (tanh is the device's own)
+        # the members computed as ATen's kernels compute them (tanh is the CPU's, MKL's,
+        # unless TORCHNEURON_DEVICE_TANH=1 makes it the device's own, computed in the chain)
+        library = [torch.sigmoid] + [torch.tanh] * (k == 8 and not torchneuron._C._device_tanh())
         cases[f"{CHAINS}{k}"] = (chain(k), {"bytes": 3 * F32 * n, "elements": n, "library": library})
         cases[f"{CHAINS}{k}_arithmetic"] = (chain(k, arithmetic=True),
                                             {"bytes": 3 * F32 * n, "elements": n, "library": []})

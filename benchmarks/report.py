@@ -231,10 +231,10 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         if chains:
             s.append("\nFused chains against a triad over the same elements timed beside them, repeat by "
                      "repeat, each the best of three calls in a row (the target's figure). *Ceiling*: the "
-                     "fraction the chain could reach if it took no longer than ATen's own kernel of its "
-                     "library member (sigmoid) alone, on data in cache, split perfectly over both "
-                     "cores: fusion must compute it bit for bit as that kernel does. (tanh is the "
-                     "device's own, computed in the chain: docs/numerics.md.) *Path*: the instruction set "
+                     "fraction the chain could reach if it took no longer than ATen's own kernels of its "
+                     "library members (sigmoid, and tanh in chain8) alone, on data in cache, split perfectly "
+                     "over both cores: fusion must compute them bit for bit as those kernels do (tanh is the "
+                     "CPU's, MKL's: docs/numerics.md). *Path*: the instruction set "
                      "the device's own loops ran on; `avx2` on a host with AVX-512 is that path forced "
                      "(`ATEN_CPU_CAPABILITY=avx2`, in a process of its own).\n")
             rows = [(n, r["isa"]["path"], f"{r['fraction_of_triad_alongside']:.2f}", f"{r['speed_vs_cpu']:.2f}",

@@ -33,52 +33,6 @@ def skip_above_host(capability: str) -> None:
         pytest.skip(f"this host runs ATen at {host}, below {capability}")
 
 
-class DeviceTanhOnCpu:
-    """Within this context, float32 `tanh` on CPU tensors is the device's own
-    function (docs/numerics.md), everything else stays the CPU's. A CPU run of
-    a program under it is the reference a `neuron` run must equal bit for bit:
-    one ulp of tanh, magnified by later operators, would otherwise hide every
-    other difference behind a tolerance. Autograd's backward of tanh uses the
-    result, so gradients follow."""
-
-    def __enter__(self):
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        aten = torch.ops.aten
-
-        def device_tanh(x):
-            return torch.tanh(x.to("neuron")).cpu()
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                kwargs = kwargs or {}
-                x = args[0] if args else None
-                if (func in (aten.tanh.default, aten.tanh_.default) and isinstance(x, torch.Tensor)
-                        and x.device.type == "cpu" and x.dtype == torch.float32):
-                    y = device_tanh(x)
-                    return x.copy_(y) if func is aten.tanh_.default else y
-                # Composites reach a mode whole when autograd is off (inference
-                # mode): decompose them here, so the mode sees their tanh. With
-                # ATen's own composite kernel, which the CPU runs: func.decompose
-                # prefers torch._decomp's Python decomposition where one is
-                # registered (the recurrent layers'), and its operators differ
-                # (sigmoid for sigmoid_, chunk for unsafe_chunk, linear for addmm),
-                # and so, by an ulp on some hosts, do its results.
-                composite = torch._C.DispatchKey.CompositeImplicitAutograd
-                if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), composite):
-                    with self:
-                        return func._op_dk(composite, *args, **kwargs)
-                return func(*args, **kwargs)
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self._mode.__exit__(*exc)
-
-
 def line_of(path, marker):
     """1-based line number of the line containing ``marker`` in ``path``."""
     with open(path) as f:

@@ -252,6 +252,27 @@ def test_modes(mode):
     assert tnc.backend.stats["graphs"] == 1
 
 
+@pytest.mark.differs_under("stream_sanitizer", NO_REPLAY)
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_float32_tanh_is_the_cpus_compiled_and_replayed(mode):
+    """torch.tanh, F.gelu(approximate="tanh") and GPT-2's gelu_new, compiled
+    for neuron (and, with reduce-overhead, replayed) give the bits Inductor
+    gives on the CPU, on bit patterns of every exponent, sign and NaN class."""
+    def f(x):
+        gelu_new = 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+        return torch.tanh(x), F.gelu(x, approximate="tanh"), gelu_new
+
+    x = torch.arange(-2**31, 2**31, 4099, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    want = torch.compile(f, backend="inductor")(x)
+    cf = torch.compile(f, backend="neuron", mode=mode)
+    for _ in range(3 if mode == "reduce-overhead" else 1):
+        got = cf(x.to(DEV))
+        for g, w in zip(got, want):
+            assert torch.equal(g.cpu().view(torch.int32), w.view(torch.int32))
+    if mode == "reduce-overhead":
+        assert tnc.replay.stats["replays"] >= 1, dict(tnc.replay.stats)
+
+
 def test_fallback_execution_and_clear_error(monkeypatch):
     import torch._inductor.compile_fx as cfx
 

@@ -2,8 +2,10 @@
 with ATEN_CPU_CAPABILITY forcing ATen's AVX2 or DEFAULT kernels, the device
 runs its AVX2 or portable loops, fused results still equal unfused ones bit
 for bit (a subset of the fusion tests, the fusion fuzzer and the fuzzer's
-fused path, each smaller than in CI's own run), and the device's tanh gives
-the same bits as on this process's level."""
+fused path, each smaller than in CI's own run), float32 tanh, unfused and
+fused, equals that level's CPU tanh on every 61st float, and the device's own
+tanh (TORCHNEURON_DEVICE_TANH=1) gives the same bits as on the host's own
+level."""
 import hashlib
 import os
 import re
@@ -19,7 +21,7 @@ from neuron_testing import skip_above_host
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 # A sweep of bit patterns (every exponent, sign and NaN class) through the
-# device's tanh: its hash, printed by a child.
+# device's own tanh: its hash, printed by a child (run with the option).
 def tanh_sweep():
     x = torch.arange(-2**31, 2**31, 4099, dtype=torch.int64).to(torch.int32).view(torch.float32)
     return hashlib.sha256(torch.tanh(x.to("neuron")).cpu().numpy().tobytes()).hexdigest()
@@ -37,7 +39,8 @@ def _forced(capability):
     return {**os.environ, "ATEN_CPU_CAPABILITY": capability}
 
 
-def _tanh_hash(env):
+def _own_tanh_hash(env):
+    env = {**env, "TORCHNEURON_DEVICE_TANH": "1"}
     r = subprocess.run([sys.executable, "-c", TANH_SWEEP], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout.split()
@@ -49,22 +52,29 @@ def test_the_path_is_named_and_follows_atens_capability():
     assert isa["path"] == expected and isa["host"] in ("avx512", "avx2", "portable")
 
 
-@pytest.mark.parametrize("capability, path", [("avx2", "avx2"), ("default", "portable")])
-def test_forced_level_computes_fused_as_unfused_and_the_same_tanh(capability, path):
-    env = _forced(capability)
-    forced_path, forced = _tanh_hash(env)
-    assert forced_path == path
-    assert forced == tanh_sweep(), f"the device's tanh differs between {torchneuron._C._isa()['path']} and {path}"
-    env.update(TORCHNEURON_FUSION_PROGRAMS="100", TORCHNEURON_FUZZ_PROGRAMS="40")
-    fusion = "fuzz or two_nan or library or casts or single_element or typical_chains"
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                        os.path.join(HERE, "test_fusion.py"), "-k", fusion,
-                        os.path.join(HERE, "test_device_tanh.py") + "::test_special_values",
-                        os.path.join(HERE, "test_device_tanh.py") + "::test_same_bits_every_way_it_runs",
-                        os.path.join(HERE, "fuzz", "test_fuzz.py") + "::test_fuzz[fused]"],
+def _pytest(env, *tests):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
                        cwd=os.path.dirname(HERE), env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:]
     assert " passed" in r.stdout and " failed" not in r.stdout
+
+
+@pytest.mark.parametrize("capability, path", [("avx2", "avx2"), ("default", "portable")])
+def test_forced_level_computes_fused_as_unfused_and_the_cpus_tanh(capability, path):
+    env = _forced(capability)
+    forced_path, forced = _own_tanh_hash(env)
+    assert forced_path == path
+    host_path, host = _own_tanh_hash(dict(os.environ))
+    assert forced == host, f"the device's own tanh differs between {host_path} and {path}"
+    tanh = os.path.join(HERE, "test_device_tanh.py")
+    _pytest({**env, "TORCHNEURON_DEVICE_TANH": "1"}, tanh + "::test_own_special_values",
+            tanh + "::test_own_same_bits_every_way_it_runs")
+    env.update(TORCHNEURON_FUSION_PROGRAMS="100", TORCHNEURON_FUZZ_PROGRAMS="40")
+    fusion = "fuzz or two_nan or library or casts or single_element or typical_chains"
+    _pytest(env, os.path.join(HERE, "test_fusion.py"), "-k", fusion)  # (-k filters every file named)
+    _pytest(env, tanh + "::test_the_cpus_bits_over_every_61st_float_unfused_and_fused",
+            tanh + "::test_the_cpus_bits_for_special_values_and_every_way_it_runs",
+            os.path.join(HERE, "fuzz", "test_fuzz.py") + "::test_fuzz[fused]")
 
 
 # What only compiles for x86: intrinsics and their headers and types, inline

@@ -2,9 +2,9 @@
 against the CPU: outputs, final hidden states, their strides, and gradients of
 inputs, initial states and every parameter, bit for bit.
 
-The CPU side runs under DeviceTanhOnCpu: float32 tanh is the device's own
-function (docs/numerics.md), and every other operator of the recurrent code is
-the CPU's kernel on both sides. A float32 LSTM runs oneDNN's layer on both.
+Every operator of the recurrent code, float32 tanh included, is the CPU's
+kernel on both sides (docs/numerics.md). A float32 LSTM runs oneDNN's layer on
+both.
 """
 import copy
 import itertools
@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from neuron_testing import SEED, DeviceTanhOnCpu
+import torchneuron
+from neuron_testing import SEED, FusableFrom
 
 DEV = "neuron"
 
@@ -48,12 +49,10 @@ def run_both(make_module, make_inputs, forward, dtype, train=True):
     dev_inputs = [to_dev(t) for t in cpu_inputs]
     cpu_inputs = [leaves(t) for t in cpu_inputs]
     dev_inputs = [leaves(t) for t in dev_inputs]
-    with DeviceTanhOnCpu():
-        cpu_out = forward(cpu_module, *cpu_inputs)
+    cpu_out = forward(cpu_module, *cpu_inputs)
     dev_out = forward(dev_module, *dev_inputs)
     weights = [torch.randn(o.shape, dtype=o.dtype) for o in cpu_out]
-    with DeviceTanhOnCpu():
-        sum((o * w).sum() for o, w in zip(cpu_out, weights)).backward()
+    sum((o * w).sum() for o, w in zip(cpu_out, weights)).backward()
     sum((o * w.to(DEV)).sum() for o, w in zip(dev_out, weights)).backward()
     pairs = [(f"output {i}", c, d) for i, (c, d) in enumerate(zip(cpu_out, dev_out))]
     for i, (c, d) in enumerate(zip(cpu_inputs, dev_inputs)):
@@ -136,7 +135,7 @@ def test_without_initial_state_and_in_inference_mode():
         m = cls(I, H, num_layers=2)
         n = copy.deepcopy(m).to(DEV)
         x = torch.randn(T, B, I)
-        with torch.inference_mode(), DeviceTanhOnCpu():
+        with torch.inference_mode():
             expected = m(x)
         with torch.inference_mode():
             got = n(x.to(DEV))
@@ -190,17 +189,45 @@ def test_autocast_runs_in_lower_precision():
 
 # --- real programs: word-level language models as in pytorch/examples' word_language_model
 
+PROJ = 8  # LSTM_PROJ's projection size
+
+
 class LanguageModel(torch.nn.Module):
     def __init__(self, kind, vocab=50, width=16, layers=2):
         super().__init__()
-        cls, extra = KINDS[kind]
+        cls, extra = KINDS["LSTM" if kind == "LSTM_PROJ" else kind]
+        extra = {**extra, "proj_size": PROJ} if kind == "LSTM_PROJ" else extra
         self.encoder = torch.nn.Embedding(vocab, width)
         self.rnn = cls(width, width, layers, **extra)
-        self.decoder = torch.nn.Linear(width, vocab)
+        self.decoder = torch.nn.Linear(PROJ if kind == "LSTM_PROJ" else width, vocab)
 
     def forward(self, tokens, hidden):
         out, hidden = self.rnn(self.encoder(tokens), hidden)
         return self.decoder(out), hidden
+
+
+def gelu_new(x):
+    """GPT-2's activation as Hugging Face writes it (gelu_new): torch.tanh itself."""
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class GptMlpModel(torch.nn.Module):
+    """GPT-2's MLP block over token embeddings: tanh-GELU as F.gelu(approximate="tanh")
+    and as gelu_new, residual and layer norm."""
+
+    def __init__(self, vocab=50, width=256):
+        super().__init__()
+        self.encoder = torch.nn.Embedding(vocab, width)
+        self.up, self.down = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+        self.up2, self.down2 = torch.nn.Linear(width, 4 * width), torch.nn.Linear(4 * width, width)
+        self.norm = torch.nn.LayerNorm(width)
+        self.decoder = torch.nn.Linear(width, vocab)
+
+    def forward(self, tokens, hidden):
+        x = self.encoder(tokens)
+        x = x + self.down(torch.nn.functional.gelu(self.up(x), approximate="tanh"))
+        x = x + self.down2(gelu_new(self.up2(self.norm(x))))
+        return self.decoder(x), hidden
 
 
 def detach(h):
@@ -209,14 +236,14 @@ def detach(h):
 
 def train_language_model(kind, device, steps=8, bptt=8, batch=4, vocab=50):
     torch.manual_seed(SEED)
-    model = LanguageModel(kind, vocab).to(device)
+    model = (GptMlpModel(vocab) if kind == "GPT2_MLP" else LanguageModel(kind, vocab)).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=2.0)
     # a learnable text: each column counts up from a random start, now and then skipping a word
     g = torch.Generator().manual_seed(SEED)
     jumps = 1 + (torch.rand(steps * bptt + 1, batch, generator=g) < 0.1).long()
     text = (torch.randint(0, vocab, (1, batch), generator=g) + jumps.cumsum(0)) % vocab
     zeros = torch.zeros(2, batch, 16, device=device)
-    hidden = (zeros, zeros) if kind == "LSTM" else zeros
+    hidden = {"LSTM": (zeros, zeros), "LSTM_PROJ": (zeros[..., :PROJ], zeros)}.get(kind, zeros)
     losses = []
     for s in range(steps):
         x = text[s * bptt:(s + 1) * bptt].to(device)
@@ -232,11 +259,17 @@ def train_language_model(kind, device, steps=8, bptt=8, batch=4, vocab=50):
     return losses, model
 
 
-@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN_TANH"])
+@pytest.mark.parametrize("kind", ["LSTM", "GRU", "RNN_TANH", "LSTM_PROJ", "GPT2_MLP"])
 def test_language_model_training_bitwise(kind):
-    with DeviceTanhOnCpu():
-        cpu_losses, cpu_model = train_language_model(kind, "cpu")
-    dev_losses, dev_model = train_language_model(kind, DEV)
+    """Training on `neuron` equals training on the CPU bit for bit, float32
+    tanh included (the CPU's on both sides: nothing is patched), with fusion
+    taking the GPT-2 block's element-wise work, its tanh among it."""
+    cpu_losses, cpu_model = train_language_model(kind, "cpu")
+    torchneuron.clear_op_tracking()
+    with FusableFrom(1 << 15):
+        dev_losses, dev_model = train_language_model(kind, DEV)
+    if kind == "GPT2_MLP":
+        assert torchneuron.get_fused_ops().get("aten::tanh", 0) > 0, "fusion took no tanh"
     assert dev_losses == cpu_losses
     assert cpu_losses[-1] < cpu_losses[0]
     for (name, p), (_, q) in zip(cpu_model.named_parameters(), dev_model.named_parameters()):

@@ -284,9 +284,9 @@ def test_linear_bias_gradient_over_batch_and_time_matches_cpu_bitwise(batch, tim
     _check_module(lambda: nn.Linear(8, 4), batch, time, 8, 4, dtype)
 
 
-# nn.RNN without float32 tanh (the device's own function, within one ulp of
-# the CPU's: docs/numerics.md), so that only the reductions can differ.
+# nn.RNN of both nonlinearities, float32 tanh included (the CPU's on both sides).
 RNN_CASES = [pytest.param(torch.float32, "relu", id="float32-relu"),
+             pytest.param(torch.float32, "tanh", id="float32-tanh"),
              pytest.param(torch.float64, "tanh", id="float64-tanh")]
 RNN_INPUT_PROJECTION = ("weight_ih_l0.grad", "bias_ih_l0.grad", "weight_ih_l1.grad", "bias_ih_l1.grad")
 

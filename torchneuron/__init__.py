@@ -17,6 +17,8 @@ def _autoload():
 import torch  # noqa: E402
 
 from . import _C  # the C++ bridge: registers guard, hooks, allocator, kernels
+
+_C._device_tanh()  # reads TORCHNEURON_DEVICE_TANH at start-up: a malformed value fails here, naming it
 from ._registration import register as _register
 
 _register()

@@ -9,11 +9,8 @@ metadata, storage, `_base`, identity and value. The comparison with the CPU's
 run is exact:
 
 * values bit for bit (raw bits: NaN payloads and signed zeros count), except
-  where the device computes with its own function (float32 tanh,
-  docs/numerics.md): such a result is compared within DEVICE_TANH_ULPS, and
-  what is computed from it only in its metadata (a later operator can magnify
-  one ulp without bound); values that are undefined (the grown part of a
-  resize_) are not compared;
+  values that are undefined (the grown part of a resize_) and what is computed
+  from them, which are not compared;
 * dtypes, shapes, strides and storage offsets, at the statement and at the end;
 * aliasing: which names share storage, which name is whose `_base`, which
   names are one object;
@@ -43,30 +40,24 @@ import torchneuron
 
 try:
     from ..neuron_testing import FusableFrom, queue_busy_work, raw_bits
-    from ..opinfo.sweep import ulp_distance
 except ImportError:  # pytest puts tests/ itself on sys.path: these are top-level modules there
     from neuron_testing import FusableFrom, queue_busy_work, raw_bits
-    from opinfo.sweep import ulp_distance
 
 from . import known_findings
 from .generator import NAME, PROFILES, Program
 
 DEVICE = "neuron"
-# The device's float32 tanh is faithfully rounded, within one ulp of the CPU's (docs/numerics.md).
-DEVICE_TANH_ULPS = 1
 # Compiled against eager, per floating dtype: (rtol, atol). Inductor fuses and
 # reorders, computes half-precision types in float32 and rounds once, and uses
 # its own vectorised math functions.
 COMPILED_TOLERANCE = {torch.float16: (2e-2, 2e-2), torch.bfloat16: (1e-1, 1e-1), torch.float32: (1e-4, 1e-5),
                       torch.float64: (1e-9, 1e-12), torch.complex64: (1e-4, 1e-5)}
-OWN_TANH = re.compile(r"(?<![a-z_])tanh")  # tanh, tanh_, F.tanhshrink (not atanh)
-DIRECT_TANH = re.compile(r"(torch\.|\.)tanh_?\(")  # the device's tanh itself, not a composite of it
-EXACT, ULPS, UNCOMPARED = 0, 1, 2  # how a value is compared
+EXACT, UNCOMPARED = 0, 1  # how a value is compared
 
 
 class _Stats(Counter):
     """What the comparisons covered, for the summaries: statements, raising statements, values
-    compared bit for bit, within ulps, not at all. Counted in the first neuron run of a program
+    compared bit for bit, not at all. Counted in the first neuron run of a program
     only (`counting`)."""
 
     counting = True
@@ -107,7 +98,7 @@ class Run:
     created: dict = field(default_factory=dict)   # (statement, name) -> Entry, right after it
     final: dict = field(default_factory=dict)     # name -> Entry at the end
     final_error: Outcome | None = None            # raised by the last synchronisation
-    compare_as: dict = field(default_factory=dict)  # name -> EXACT, ULPS, UNCOMPARED (the CPU's run)
+    compare_as: dict = field(default_factory=dict)  # name -> EXACT or UNCOMPARED (the CPU's run)
 
 
 @dataclass
@@ -240,19 +231,13 @@ def _follow_growth(st, ns, before, failed, levels):
 
 
 def _follow_levels(st, ns, levels):
-    """How each storage's values are compared after `st` ran on the CPU: values computed with the
-    device's own tanh within ulps, what is computed from those not at all."""
+    """How each storage's values are compared after `st` ran on the CPU: undefined values (the
+    grown part of a resize_, uninitialised memory) and what is computed from them not at all."""
     level = EXACT
     for name in st.reads:
         for _, v in _entries(name, ns.get(name)):
             key = (v.untyped_storage().data_ptr(), v.untyped_storage().nbytes()) if isinstance(v, torch.Tensor) else ("name", name)
             level = max(level, UNCOMPARED if levels.get(key, EXACT) else EXACT)
-    written = [v for w in st.writes if w in ns for _, v in _entries(w, ns[w])]
-    if OWN_TANH.search(st.code) and any(
-            isinstance(t, torch.Tensor) and t.dtype in (torch.float32, torch.complex64)
-            for t in written + [ns.get(n) for n in st.reads]):
-        direct = DIRECT_TANH.search(st.code) and st.kind in ("unary", "in_place", "out")
-        level = max(level, ULPS if level == EXACT and direct else UNCOMPARED)
     if st.uninitialised or re.search(r"\.resize_\(", st.code):
         level = UNCOMPARED
     if level == EXACT:
@@ -342,21 +327,12 @@ def _compare_values(c: Entry, d: Entry, level, where):
             Mismatch("python value", where, f"CPU {c.value!r}, neuron {d.value!r}")]
     if isinstance(d.value, Exception):
         return [Mismatch("raises only on neuron", where, f"reading it: {type(d.value).__name__}: {_first_line(d.value)}")]
-    if level == ULPS and c.dtype not in (torch.float32, torch.complex64):
-        level = UNCOMPARED  # another dtype's view of the device's tanh results: one ulp is any number of them
     if level == UNCOMPARED or c.shape != d.shape or c.dtype != d.dtype:
         stats["tensors not compared in value"] += 1
         return []
-    stats["tensors compared bit for bit" if level == EXACT else "tensors compared within ulps"] += 1
-    a, b = raw_bits(c.value), raw_bits(d.value)
-    if torch.equal(a, b):
+    stats["tensors compared bit for bit"] += 1
+    if torch.equal(raw_bits(c.value), raw_bits(d.value)):
         return []
-    if level == ULPS and c.value.dtype in (torch.float32, torch.complex64):
-        x, y = c.value, d.value
-        if x.is_complex():
-            x, y = torch.view_as_real(x), torch.view_as_real(y)
-        if ulp_distance(x, y) <= DEVICE_TANH_ULPS:
-            return []
     return [Mismatch("values", where, _describe_difference(c.value, d.value))]
 
 

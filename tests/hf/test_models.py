@@ -8,19 +8,14 @@ Bit for bit wherever the CPU's kernels run on the device. Two named
 tolerances, each for a program that is not the same on both sides:
 AUTOCAST_LOSS_RTOL (autocast's casting lists differ by device) and
 COMPILED_LOSS_RTOL (compiled graphs against eager).
-
-GPT-2's activation (gelu_new) calls float32 tanh, the device's own function
-(docs/numerics.md): its CPU runs are under DeviceTanhOnCpu.
 """
-import contextlib
-
 import pytest
 import torch
 import transformers
 from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM,
                           T5Config, T5ForConditionalGeneration)
 
-from neuron_testing import SEED, DeviceTanhOnCpu
+from neuron_testing import SEED
 
 transformers.logging.set_verbosity_error()
 
@@ -81,11 +76,6 @@ TIES = {
 def build(name):
     torch.manual_seed(SEED)
     return MODELS[name]().train()
-
-
-def cpu_reference(name):
-    """The context a CPU run of model `name` is the reference in."""
-    return DeviceTanhOnCpu() if name == "gpt2" else contextlib.nullcontext()
 
 
 def batches(name, steps):
@@ -194,8 +184,7 @@ def test_moves_keep_every_parameter_object_and_tie(name):
 def test_optimizer_made_before_the_move_trains(name):
     data = batches(name, 3)
     cpu_model = build(name)
-    with cpu_reference(name):
-        cpu_losses = train(cpu_model, data, "cpu")
+    cpu_losses = train(cpu_model, data, "cpu")
     model = build(name)
     initial = {k: p.detach().clone() for k, p in model.named_parameters()}
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -213,8 +202,7 @@ def test_optimizer_made_before_the_move_trains(name):
 def test_training_float32_bit_identical(name):
     data = batches(name, STEPS)
     cpu_model = build(name)
-    with cpu_reference(name):
-        cpu_losses = train(cpu_model, data, "cpu")
+    cpu_losses = train(cpu_model, data, "cpu")
     model = build(name)
     losses = train(model, data, DEV)
     assert same_bits(losses, cpu_losses), (losses, cpu_losses)
@@ -224,8 +212,7 @@ def test_training_float32_bit_identical(name):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_bfloat16_bit_identical(name):
-    # bfloat16 weights and activations: the CPU's bfloat16 kernels on both
-    # sides (tanh included: only float32 tanh is the device's own).
+    # bfloat16 weights and activations: the CPU's bfloat16 kernels on both sides.
     data = batches(name, STEPS)
     cpu_model = build(name)
     cpu_losses = train(cpu_model, data, "cpu", dtype=torch.bfloat16)
@@ -243,8 +230,7 @@ AUTOCAST_EXACT = {"llama"}
 @pytest.mark.parametrize("name", list(MODELS))
 def test_training_bfloat16_autocast(name):
     data = batches(name, STEPS)
-    with cpu_reference(name):
-        cpu_losses = train(build(name), data, "cpu", autocast=True)
+    cpu_losses = train(build(name), data, "cpu", autocast=True)
     losses = train(build(name), data, DEV, autocast=True)
     float32_losses = train(build(name), data[:1], DEV)
     assert not same_bits(losses[0], float32_losses[0]), "autocast changed nothing"
@@ -293,8 +279,7 @@ def test_greedy_generate_gives_the_cpus_tokens(name):
     model.generation_config.pad_token_id = 1
     prompt = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(SEED))
     kwargs = dict(max_new_tokens=10, do_sample=False, output_scores=True, return_dict_in_generate=True)
-    with cpu_reference(name):
-        expected = model.generate(prompt, **kwargs)
+    expected = model.generate(prompt, **kwargs)
     model.to(DEV)
     got = model.generate(prompt.to(DEV), **kwargs)
     assert got.sequences.device.type == DEV
@@ -312,8 +297,7 @@ def test_text_generation_pipeline_on_neuron(name):
     model.generation_config.pad_token_id = tok.pad_token_id
     prompt = "w5 w6 w7 w8"
     kwargs = dict(max_new_tokens=8, do_sample=False, return_full_text=False)
-    with cpu_reference(name):
-        expected = pipeline("text-generation", model=model, tokenizer=tok, device="cpu")(prompt, **kwargs)
+    expected = pipeline("text-generation", model=model, tokenizer=tok, device="cpu")(prompt, **kwargs)
     pipe = pipeline("text-generation", model=model, tokenizer=tok, device=DEV)
     assert pipe.device.type == DEV and model.device.type == DEV
     got = pipe(prompt, **kwargs)

@@ -19,11 +19,8 @@ eval mode, the samples of ``module_inputs_func`` are generated on the CPU
 * backward of ``sum(w_i * out_i)`` (fixed random weights, the same on both
   devices): gradients of every input and parameter that requires grad.
 
-Values are compared exactly (``torch.equal``, NaN equal to NaN). A float32
-sample that differs is run again on the CPU with the device's float32 tanh
-(docs/numerics.md: the one operator the device computes its own way); if that
-matches exactly, the sample passes under the named tolerance ``device-tanh``
-and the plain CPU difference is reported. No other tolerance exists.
+Values are compared exactly (``torch.equal``, NaN equal to NaN); no
+tolerance exists (``TOLERANCES`` names none).
 
 Modules whose forward draws random numbers (dropout with 0 < p < 1 in
 training, RReLU in training, fractional max pooling without fixed samples) are
@@ -59,7 +56,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 try:  # python -m tests.moduleinfo.sweep: tests is a namespace package
     from ..opinfo import sweep as opinfo
@@ -79,12 +75,7 @@ message = opinfo._msg
 
 FAILURES_LISTED = 12  # distinct failure messages per module in REPORT.md
 RANDOM_CHECKED = (torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)  # check_random_output knows them
-DEVICE_TANH = "device-tanh"
-TOLERANCES = {
-    DEVICE_TANH: "float32 tanh is the device's own function, within one ulp of the CPU's (docs/numerics.md); "
-                 "the sample is equal bit for bit to the CPU run with that tanh, and the plain CPU "
-                 "difference is listed",
-}
+TOLERANCES = {}  # named tolerances, name -> why: none (every sample is compared exactly)
 
 
 def mode_name(training: bool, dtype) -> str:
@@ -203,34 +194,6 @@ def _expand_units(dropped, out, feature):
 def _dropped_value(out, dropped, feature):
     mask = _expand_units(dropped, out, feature)
     return float(out[mask][0]) if bool(mask.any()) else None
-
-
-# ----------------------------------------------------------------------------- the device's tanh on the CPU
-
-
-class DeviceTanhOnCpu(TorchDispatchMode):
-    """Float32 tanh on CPU tensors computed by the device (its own function,
-    docs/numerics.md); every other operator runs as it is. Operators the CPU
-    decomposes (rnn_tanh, the unfused LSTM and GRU cells) reach tanh through
-    the dispatcher, so this mode sees them too. Counts the calls it changed."""
-
-    TANH = {torch.ops.aten.tanh.default, torch.ops.aten.tanh_.default, torch.ops.aten.tanh.out}
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        x = args[0] if args else None
-        if func in self.TANH and isinstance(x, torch.Tensor) and x.dtype == torch.float32 and x.device.type == "cpu":
-            self.calls += 1
-            y = torch.tanh(x.detach().to(DEVICE)).cpu()
-            if func is torch.ops.aten.tanh.default:
-                return y
-            target = x if func is torch.ops.aten.tanh_.default else kwargs["out"]
-            return target.copy_(y)
-        return func(*args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- building and running
@@ -407,7 +370,7 @@ def prepare(module_info, module_input, dtype, training, with_device: bool = True
 
 
 def run_sample(module_info, module_input, dtype, training, backward=True):
-    """Returns (outcome, note): outcome is 'pass', 'both', 'shape', 'tolerated'
+    """Returns (outcome, note): outcome is 'pass', 'both', 'shape'
     or 'forward-only'; raises Mismatch (or anything else) on failure."""
     cpu_m, dev_m, cpu_in, dev_in = prepare(module_info, module_input, dtype, training)
     randomness = random_reason(cpu_m)
@@ -418,26 +381,7 @@ def run_sample(module_info, module_input, dtype, training, backward=True):
     weights = loss_weights(cpu.output) if cpu.error is None and backward else None
     sync()
     dev = execute(dev_m, *dev_in, weights, on_device=True, inference_first=inference_first, backward=backward)
-    try:
-        both = compare_runs(cpu, dev, values=randomness is None)
-    except Mismatch as plain:
-        if dtype != torch.float32 or randomness is not None:
-            raise
-        # Again on the CPU with the device's tanh: equal now means the only
-        # difference is the documented one.
-        cpu_m2, _, cpu_in2, _ = prepare(module_info, module_input, dtype, training, with_device=False)
-        mode = DeviceTanhOnCpu()
-        with mode, torch.random.fork_rng(devices=[]):
-            torch.manual_seed(SEED)
-            cpu2 = execute(cpu_m2, *cpu_in2, None, on_device=False, inference_first=inference_first,
-                           backward=backward)
-        if mode.calls == 0:
-            raise
-        try:
-            compare_runs(cpu2, dev, values=True)
-        except Mismatch as e:
-            raise Mismatch(f"{plain} (with the device's tanh on the CPU too: {e})") from None
-        return "tolerated", f"{DEVICE_TANH}; plain CPU: {plain}"
+    both = compare_runs(cpu, dev, values=randomness is None)
     if both:
         return "both", f"both raise {type(cpu.error[1]).__name__} in {cpu.error[0]}"
     if randomness is not None:
@@ -703,9 +647,10 @@ def write_report(res: ModuleSweepResult, directory: str):
     L.append("## Within a named tolerance\n")
     for name, why in TOLERANCES.items():
         L.append(f"- `{name}`: {why}.")
-    L.append("")
+    if TOLERANCES:
+        L.append("")
     if not res.tolerated:
-        L.append("No sample needed one.\n")
+        L.append("None: every sample is compared exactly.\n" if not TOLERANCES else "No sample needed one.\n")
     for t in res.tolerated:
         L.append(f"- `{t['module']}` {t['mode']} sample {t['sample']} {t['desc']}: {t['note'][:400]}")
     L.append("")

@@ -16,6 +16,7 @@
 #include "../generator.h"
 #include "../host_allocator.h"
 #include "../kernels/isa.h"
+#include "../kernels/tanh.h"
 #include "../kernels/vector_math.h"
 #include "../op_tracking.h"
 #include "../ops/kernels.h"
@@ -228,6 +229,16 @@ PYBIND11_MODULE(_C, m) {
     d["path"] = isa::kernels().name;
     d["host"] = isa::host_level();
     return d;
+  });
+  // Whether float32 tanh is the device's own function (TORCHNEURON_DEVICE_TANH=1,
+  // kernels/tanh.h) rather than the CPU's; the import asks first, so a
+  // malformed value fails it.
+  m.def("_device_tanh", [] {
+    try {
+      return kernels::device_tanh_selected();
+    } catch (const c10::ValueError& e) {
+      throw py::value_error(e.what_without_backtrace());
+    }
   });
   m.def("_fusion_computes_as_unfused", [](const std::string& op, at::ScalarType dtype) {
     return vector_math::as_unfused(op, dtype) != nullptr;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 
+#include "../kernels/tanh.h"
 #include "aten_meta.h"
 #include "call_verdicts.h"
 #include "result_placement.h"
@@ -201,7 +202,8 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
     p->rowwise_dims_arg = *dims;
   }
   p->exact = rule.exact;
-  p->device_op = rule.device_op;
+  // The device's own tanh replaces ATen's only where it is selected (kernels/tanh.h).
+  p->device_op = rule.device_op == DeviceOp::Tanh && !kernels::device_tanh_selected() ? DeviceOp::None : rule.device_op;
   p->place_results = rule.traits & kPlaceResults;
   if (rule.traits & kIndexPutChecks) p->meta_check = check_index_put;
   if (rule.traits & kMultinomialChecks) p->meta_check = check_multinomial;

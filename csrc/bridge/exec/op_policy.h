@@ -14,7 +14,8 @@
 //   place_results    its CPU kernel may compute straight into device memory
 //   out_op           the out= overload its task calls, or another operator's
 //                    out= that computes the same (equivalent_out)
-//   device_op        the device's own kernel replaces ATen's (kernels/device_ops.h)
+//   device_op        the device's own kernel replaces ATen's (kernels/device_ops.h), where
+//                    selected (float32 tanh: TORCHNEURON_DEVICE_TANH=1, kernels/tanh.h)
 //   unsupported_result  returns a quantized or sparse tensor: refused at the call
 //   has_meta_kernel  whether a meta pass can predict its results at all
 //

@@ -143,7 +143,7 @@ class RangeRun {
   };
   // A run of exact members, by its first member: its segments (chains, and
   // members that cannot chain, such as a library function other than sigmoid
-  // and the device's tanh, on their own).
+  // and the device's own tanh (MKL's tanh, by default), on their own).
   struct Segment {
     size_t first, end;
     ChainProgram chain;  // empty: member by member
@@ -249,7 +249,7 @@ class RangeRun {
   }
 
   // Member k as a step of the chain starting at `first`, or false if it cannot
-  // be one: a library function other than sigmoid and the device's tanh, two
+  // be one: a library function other than sigmoid and the device's own tanh, two
   // dtypes, a slot or memory that an earlier member of the chain writes read
   // other than as the value just produced. Slots (in_slice: only this run
   // touches them) are read and written in place where members outside the

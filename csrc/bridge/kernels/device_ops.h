@@ -1,6 +1,7 @@
-// Operators the device computes its own way instead of with ATen's CPU
-// kernel: float32 tanh (tanh.h). exec/launch.h's call_kernel calls these for
-// the operators whose policy names them (exec/op_policy.h).
+// Operators the device can compute its own way instead of with ATen's CPU
+// kernel: float32 tanh (tanh.h), when TORCHNEURON_DEVICE_TANH=1 selects it.
+// exec/launch.h's call_kernel calls these for the operators whose policy
+// names them (exec/op_policy.h), which it does only where they are selected.
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -8,7 +8,8 @@
 //   is not correctly rounded (a vector approximation).
 // * sigmoid, tanh, exp, log, sqrt, sin, erf, ...: by the very math-library
 //   calls ATen's kernels make, each checked against ATen once per process, or
-//   by the device's own function (float tanh; vector_math.h).
+//   by the device's own function (float tanh under TORCHNEURON_DEVICE_TANH=1;
+//   vector_math.h).
 // A fused group (../fusion/) runs a run of them slice by slice in L1 with its own loops,
 // instead of one boxed call (and TensorIterator) per member and piece.
 // Everything else, and these operations with type promotion, an alpha other

@@ -1,6 +1,6 @@
 // The instruction set the device's own loops run on: fusion's exact
 // arithmetic and register chains, the sigmoid they compute as ATen does, the
-// device's tanh, non-temporal stores and the NKI emulator's bfloat16
+// device's own tanh (TORCHNEURON_DEVICE_TANH=1), non-temporal stores and the NKI emulator's bfloat16
 // rounding. Each level's loops live in their own
 // translation unit, compiled for that level alone (isa_avx512.cpp,
 // isa_avx2.cpp, isa_portable.cpp; the loops themselves are written once, in
@@ -27,7 +27,8 @@ struct Kernels {
   bool (*run_exact)(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
   int64_t (*run_chain)(const ChainProgram& program, int64_t slice, int64_t begin, int64_t n);
   int64_t chain_bytes;  // what a chunk of run_chain holds in registers
-  // The device's float32 tanh (tanh.h): the same bits at every level.
+  // The device's own float32 tanh (tanh.h, TORCHNEURON_DEVICE_TANH=1): the
+  // same bits at every level.
   void (*tanh_float)(float* out, const float* x, int64_t n);
   // ATen's sigmoid kernel at this level, element for element; `sigmoid_ready`
   // says whether the exp it needs is there (a weak library symbol) and, where

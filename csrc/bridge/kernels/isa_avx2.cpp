@@ -77,7 +77,7 @@ TORCHNEURON_INLINE __m256 exp_like_sleef(__m256 x) {
   return _mm256_blendv_ps(e, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(_mm256_set1_ps(100.0f), x, _CMP_LT_OQ));
 }
 
-// The device's tanh (tanh.h), eight lanes at a time: isa_avx512.cpp's
+// The device's own tanh (tanh.h), eight lanes at a time: isa_avx512.cpp's
 // operations one for one, so the same bits. Its exp takes 2|x| <= 88, where
 // q <= 127 and one power of two scales u exactly as the library's two do.
 TORCHNEURON_INLINE __m256 tanh_float8(__m256 x) {

@@ -78,7 +78,7 @@ TORCHNEURON_INLINE __m512 exp_like_sleef(__m512 x) {
                             _mm512_set1_ps(__builtin_inff()));
 }
 
-// The device's tanh (tanh.h), sixteen lanes at a time.
+// The device's own tanh (tanh.h), sixteen lanes at a time.
 TORCHNEURON_INLINE __m512 tanh_float16(__m512 x) {
   const __m512i sign = _mm512_set1_epi32(int32_t(0x80000000u));
   const __m512 a = _mm512_castsi512_ps(_mm512_andnot_si512(sign, _mm512_castps_si512(x)));

@@ -37,7 +37,7 @@ uint32_t bits_of(float f) {
   return b;
 }
 
-// The device's tanh (tanh.h), one element: isa_avx2.cpp's operations one for
+// The device's own tanh (tanh.h), one element: isa_avx2.cpp's operations one for
 // one, with std::fma for each fused multiply-add, so the same bits. Its exp
 // (SLEEF's expf, as there) takes 2|x| <= 88; ATen's sigmoid at this level
 // calls libm's exp instead.

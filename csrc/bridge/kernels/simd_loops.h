@@ -12,7 +12,7 @@
 // max(bound, a) and min(bound, a), returning a when either is NaN or both
 // are zeros (x86's maxps and minps with a second); exp, the exp ATen's vector
 // sigmoid calls at this level; fence(), ordering non-temporal stores. S<float> also gives
-// tanh, the device's (tanh.h); `chain_vectors` is how many vectors a chunk of
+// tanh, the device's own (tanh.h); `chain_vectors` is how many vectors a chunk of
 // a chain holds in registers.
 //
 // Every loop computes each element with the same operations whatever its
@@ -214,7 +214,7 @@ void round_to_bf16_here(const float* src, uint16_t* dst, int64_t n) {
 // registers, a chunk of `chain_vectors` vectors at a time. Every operation is
 // the single IEEE operation, or the choice, that run_exact's loops (and ATen's
 // kernels) make per element, or the very function unfused execution computes
-// (sigmoid as ATen's vector loop, the device's tanh), so the results are the
+// (sigmoid as ATen's vector loop, the device's own tanh where selected), so the results are the
 // same bits.
 //
 // The chain runs as threaded code: a program of micro-ops over two sets of
@@ -362,7 +362,7 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
   sigmoid:  // as sigmoid_here's vector loop; chained only where vector_math found it ATen's
     acc = acc.map(sigmoid<A>);
     TORCHNEURON_NEXT;
-  tanh:  // the device's own (tanh.h), which chain_of chains for float only
+  tanh:  // the device's own (tanh.h), which chain_of chains for float only, where selected
     if constexpr (std::is_same_v<T, float>) acc = acc.map(A::tanh);
     TORCHNEURON_NEXT;
   hold:

@@ -111,7 +111,7 @@ Unary* table_checked_once(size_t* size) {
         fn.vml_double = reinterpret_cast<VmlDouble>(dlsym(lib, fn.vml[1]));
       }
       const bool sigmoid = !fn.vml[0];
-      if (std::strcmp(fn.op, "tanh") == 0) {
+      if (std::strcmp(fn.op, "tanh") == 0 && kernels::device_tanh_selected()) {
         fn.own_float = kernels::tanh_float;  // what the unfused kernel computes: no check against ATen
         fn.matches[0] = true;
         fn.matches[1] = fn.vml_double != nullptr && check(fn, at::kDouble);

@@ -1,14 +1,15 @@
 // Unary functions that fusion computes in its own slice loops, exactly as
 // unfused execution on the device computes them, so that they match it bit
 // for bit:
-// * float tanh: the device's own (tanh.h), the function its unfused
-//   kernel computes (device_ops.h).
+// * float tanh where TORCHNEURON_DEVICE_TANH=1 selects the device's own
+//   (tanh.h): that function, which its unfused kernel computes
+//   (device_ops.h). Otherwise tanh is the CPU's, MKL's like exp (below).
 // * sigmoid: ATen's vector kernel is 1 / (exp(-x) + 1), two vectors at a
 //   time, with SLEEF's exp on ATen's AVX512 and AVX2 paths and libm's
 //   elsewhere; the remainder of each call runs the scalar form with libm's
 //   exp. Reproduced at each instruction-set level by that level's loops
 //   (isa.h).
-// * tanh (double), exp, log, sqrt, sin, cos, erf, ...: ATen hands them to
+// * tanh, exp, log, sqrt, sin, cos, erf, ...: ATen hands them to
 //   MKL's vector math (VML), which computes each element on its own, however
 //   calls are cut.
 // The last two rely on how this build of ATen writes its kernels, so each
@@ -33,8 +34,8 @@ const Unary* as_unfused(const std::string& op, c10::ScalarType dtype);
 // Whether `fn` is sigmoid, which chains (exact_chain.cpp) compute vector by
 // vector as 1 / (exp(-x) + 1) with SLEEF's exp, as ATen's vector loop does.
 bool is_sigmoid(const Unary& fn);
-// Whether `fn` is the device's own tanh for `dtype`, which chains compute
-// vector by vector.
+// Whether `fn` is the device's own tanh for `dtype` (selected by
+// TORCHNEURON_DEVICE_TANH=1), which chains compute vector by vector.
 bool is_own_tanh(const Unary& fn, c10::ScalarType dtype);
 
 // out[i] = fn(x[i]) for i < n. `n` must be where ATen's own call would end
