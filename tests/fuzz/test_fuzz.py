@@ -73,7 +73,7 @@ def test_fuzz(path, capsys):
 
 
 # Threaded mode: programs whose neuron runs happen at once, one host thread each (runner.check_threaded).
-CI_THREADED = {"lean": 240, "generic": 240, "fused": 80}
+CI_THREADED = {"lean": 1200, "generic": 1200, "fused": 320}
 THREADS = 4
 
 
