@@ -1,9 +1,9 @@
 """torch.neuron and torch.accelerator as users meet them: names, counts and
 properties, generated methods, autoload, fork, printing, and bad input
-(mixed devices, invalid indices, invalid NEURON_RT_VISIBLE_CORES and
-TORCHNEURON_MACHINE); the machine model's device properties; the
-functions torch.neuron mirrors from torch.cuda, with its signatures and its
-exception types (capability, StreamContext)."""
+(mixed devices, invalid indices, every start-up setting refused naming the
+variable); the machine model's device properties; the functions torch.neuron
+mirrors from torch.cuda, with its signatures and its exception types
+(capability, StreamContext)."""
 import inspect
 import os
 import time
@@ -78,6 +78,50 @@ def test_invalid_visible_cores_is_a_clear_error():
     assert "available False" in r.stdout
     assert r.returncode != 0
     assert "NEURON_RT_VISIBLE_CORES='3-1' is invalid" in r.stderr
+
+
+HOST_GIB = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 30)
+
+# Each setting the runtime reads at start-up, with values it refuses and the reason it gives.
+BAD_SETTINGS = [
+    ("TORCHNEURON_HBM_BYTES", "1T", f"2 core(s) of 1024.0 GiB each exceed the host's {HOST_GIB:.1f} GiB of memory"),
+    ("TORCHNEURON_HBM_BYTES", f"{int(HOST_GIB) // 2 + 1}G", "exceed the host's"),
+    ("TORCHNEURON_HBM_BYTES", "4.5G", "expected a whole byte count"),
+    ("TORCHNEURON_HBM_BYTES", "-1", "expected a whole byte count"),
+    ("TORCHNEURON_HBM_BYTES", "12X", "unknown unit 'X'"),
+    ("TORCHNEURON_HBM_BYTES", "0", "must be positive"),
+    ("TORCHNEURON_HBM_BYTES", "99999999999999T", "too large"),
+    ("TORCHNEURON_MACHINE", "gpu", "expected trn2"),
+    ("TORCHNEURON_NKI_TARGET", "v9", "expected trn2"),
+    ("NEURON_RT_VISIBLE_CORES", "0-64", "65 cores listed, at most 64 are supported"),
+    ("NEURON_RT_VISIBLE_CORES", "200", "core id 200 is above 127"),
+    ("NEURON_RT_VISIBLE_CORES", "two", "expected core ids"),
+    ("NEURON_LAUNCH_BLOCKING", "yes", "expected 1 (on) or 0 (off)"),
+]
+
+
+@pytest.mark.parametrize("variable, value, why", BAD_SETTINGS, ids=[f"{v}={x}" for v, x, _ in BAD_SETTINGS])
+def test_a_bad_setting_is_refused_at_the_first_device_use_naming_it(variable, value, why):
+    # As for NEURON_RT_VISIBLE_CORES above: no device is available, and the first use raises.
+    r = run_python(
+        """
+        import torch
+        print("available", torch.neuron.is_available(), flush=True)
+        torch.zeros(1, device="neuron")
+        """,
+        env={variable: value},
+    )
+    assert "available False" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1
+    assert f"RuntimeError: {variable}='{value}' is invalid: " in r.stderr and why in r.stderr, r.stderr
+
+
+def test_settings_within_bounds_are_accepted():
+    r = run_python("import torch; print(torch.neuron.get_device_properties(0).total_memory, "
+                   "(torch.ones(2, device='neuron:3') + 1).cpu().tolist())",
+                   env={"TORCHNEURON_HBM_BYTES": f"{int(HOST_GIB * 1024) // 4}M", "NEURON_RT_VISIBLE_CORES": "0-3",
+                        "NEURON_LAUNCH_BLOCKING": "0", "TORCHNEURON_NKI_TARGET": "trn3"})
+    assert r.stdout.split() == [str((int(HOST_GIB * 1024) // 4) << 20), "[2.0,", "2.0]"], r.stderr
 
 
 def test_visible_cores_sets_the_count():

@@ -72,7 +72,7 @@ struct DeviceCache {
 };
 
 DeviceCache& cache(int device) {
-  static std::array<DeviceCache, 64> caches;
+  static std::array<DeviceCache, rt::kMaxDevices> caches;
   return caches.at(device);
 }
 
