@@ -31,7 +31,9 @@ def _drain_at_exit():
     """
     from . import device
 
-    if not device.is_initialized():
+    if _forked_child:
+        _release_inherited_autograd_threads()
+    if not device.is_initialized():  # never started, or a child forked after its parent started it
         return
     indices = range(device.device_count())
     if getattr(sys, "last_type", None) is not None:  # an uncaught exception ends the process
@@ -61,6 +63,25 @@ def _drain_at_exit():
             os._exit(1)
 
 
+_forked_child = False
+
+
+def _note_fork() -> None:
+    global _forked_child
+    _forked_child = True
+
+
+def _release_inherited_autograd_threads() -> None:
+    """The autograd engine of a process that ran a backward has a thread per
+    device index of the backends with devices (neuron's among them), and at
+    exit waits up to 10 s for them to stop. A forked child inherits the count
+    but not the threads, so its exit would wait the full 10 s (the stock CPU
+    build, with no such backend, has no threads to wait for). PyTorch resets
+    the engine of a forked child at its first use there (a backward, or any
+    call on the engine): this is such a call."""
+    torch.autograd.Variable._execution_engine.is_checkpoint_valid()
+
+
 def register():
     if getattr(torch, "neuron", None) is not None:
         return
@@ -72,3 +93,4 @@ def register():
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     atexit.register(_drain_at_exit)
+    os.register_at_fork(after_in_child=_note_fork)

@@ -165,6 +165,10 @@ PinnedHostAllocator& instance() {
 }
 
 void PinnedHostAllocator::deleter(void* p) {
+  // In a child forked after the device started, the cache and its lock are
+  // copies of the parent's at the fork, and a block's recorded uses are the
+  // parent's streams: the child keeps its copy of the buffer until it exits.
+  if (rt::in_bad_fork()) return;
   auto& a = instance();
   std::lock_guard<std::mutex> lock(a.mu_);
   auto it = a.blocks_.find(p);
