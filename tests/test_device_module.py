@@ -213,7 +213,8 @@ def test_a_forked_child_that_uses_the_device_gets_the_clear_error_then_exits_wit
         x = torch.ones(2, device="neuron") + 1
         torch.neuron.synchronize()
         uses = {"a new tensor": lambda: torch.ones(2, device="neuron"), "the inherited one": lambda: x.cpu(),
-                "x + 1": lambda: x + 1, "init": torch.neuron.init, "synchronize": torch.neuron.synchronize}
+                "x + 1": lambda: x + 1, "init": torch.neuron.init, "synchronize": torch.neuron.synchronize,
+                "pin_memory": lambda: torch.ones(4).pin_memory()}
         for name, use in uses.items():
             pid = os.fork()
             if pid == 0:
@@ -235,7 +236,7 @@ def test_a_forked_child_that_uses_the_device_gets_the_clear_error_then_exits_wit
         """
     )
     assert r.returncode == 0, r.stderr
-    for name in ("a new tensor", "the inherited one", "x + 1", "init", "synchronize"):
+    for name in ("a new tensor", "the inherited one", "x + 1", "init", "synchronize", "pin_memory"):
         assert f"{name} initialised False" in r.stdout
         assert (f"{name} error: the neuron device cannot be used in a forked subprocess after the parent "
                 "process initialised it; use the 'spawn' start method") in r.stdout, r.stdout

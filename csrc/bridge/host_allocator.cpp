@@ -31,6 +31,9 @@ class PinnedHostAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+    // As CUDA's pinned memory, which needs the device: a child forked after
+    // the device started gets the fork error (its frees are no-ops, below).
+    if (rt::in_bad_fork()) ensure_initialized();
     const size_t size = round(n);
     std::unique_lock<std::mutex> lock(mu_);
     release_finished_uses();
