@@ -98,6 +98,8 @@ BAD_SETTINGS = [
     ("NEURON_RT_VISIBLE_CORES", "200", "core id 200 is above 127"),
     ("NEURON_RT_VISIBLE_CORES", "two", "expected core ids"),
     ("NEURON_LAUNCH_BLOCKING", "yes", "expected 1 (on) or 0 (off)"),
+    ("TORCHNEURON_EXIT_TIMEOUT", "soon", "expected seconds"),
+    ("TORCHNEURON_EXIT_TIMEOUT", "-1", "expected seconds"),
 ]
 
 

@@ -11,6 +11,8 @@ from . import _C
 
 
 def _exit_timeout() -> float:
+    """TORCHNEURON_EXIT_TIMEOUT, which the runtime checked at the first device
+    use (csrc/runtime/config.cpp); unset or empty, 60 s."""
     try:
         return float(os.environ.get("TORCHNEURON_EXIT_TIMEOUT", "60"))
     except ValueError:

@@ -127,6 +127,14 @@ bool parse_flag(const char* variable, const std::string& text) {
   bad(variable, text, "expected 1 (on) or 0 (off)");
 }
 
+double parse_seconds(const char* variable, const std::string& text) {
+  char* end = nullptr;
+  const double seconds = text.empty() ? -1 : std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])) || !(seconds >= 0))
+    bad(variable, text, "expected seconds, a number >= 0 such as 60 or 0.5");
+  return seconds;
+}
+
 Config config_from_environment() {
   Config c;
   const char* machine = std::getenv("TORCHNEURON_MACHINE");
@@ -142,6 +150,9 @@ Config config_from_environment() {
   const size_t host_share = host_bytes / 2 / c.visible_cores.size();
   c.hbm_bytes = hbm && *hbm ? parse_hbm_bytes(hbm, c.visible_cores.size(), host_bytes)
                             : std::min(c.machine.hbm_bytes_per_core, host_share);
+  // Read by the exit drain (torchneuron/_registration.py); checked here, with the others.
+  if (const char* timeout = std::getenv("TORCHNEURON_EXIT_TIMEOUT"); timeout && *timeout)
+    parse_seconds("TORCHNEURON_EXIT_TIMEOUT", timeout);
   const char* blocking = std::getenv("NEURON_LAUNCH_BLOCKING");
   c.launch_blocking = parse_flag("NEURON_LAUNCH_BLOCKING", blocking ? blocking : "");
   return c;

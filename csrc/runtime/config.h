@@ -16,6 +16,8 @@
 //                            share of half the host's memory if that is less:
 //                            device memory is host memory)
 //   NEURON_LAUNCH_BLOCKING   1: every launch runs before it returns; 0 or unset: not
+//   TORCHNEURON_EXIT_TIMEOUT seconds the exit drain waits (torchneuron/_registration.py);
+//                            only checked here
 #pragma once
 
 #include <cstddef>
@@ -50,6 +52,8 @@ size_t parse_bytes(const char* variable, const std::string& text);
 size_t parse_hbm_bytes(const std::string& text, size_t cores, size_t host_bytes);
 // NEURON_LAUNCH_BLOCKING and other on/off settings: "1", "0" or "".
 bool parse_flag(const char* variable, const std::string& text);
+// A duration in seconds: a number >= 0 ("60", "0.5", "inf").
+double parse_seconds(const char* variable, const std::string& text);
 Machine parse_machine(const std::string& text, const char* variable = "TORCHNEURON_MACHINE");
 
 // Reads the environment; throws ConfigError if a variable is invalid.

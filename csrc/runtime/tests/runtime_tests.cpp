@@ -83,6 +83,13 @@ TEST(device_memory_within_the_host) {
   expect_throw<ConfigError>([&] { parse_hbm_bytes("4.5G", 1, host); });
 }
 
+TEST(durations) {
+  CHECK(parse_seconds("X", "60") == 60 && parse_seconds("X", "0.5") == 0.5 && parse_seconds("X", "0") == 0);
+  for (const char* bad : {"-1", "soon", "5s", "nan", " 5", ""})
+    CHECK(contains(expect_throw<ConfigError>([&] { parse_seconds("TORCHNEURON_EXIT_TIMEOUT", bad); }),
+                   "TORCHNEURON_EXIT_TIMEOUT='"));
+}
+
 TEST(on_off_settings) {
   CHECK(parse_flag("X", "1") && !parse_flag("X", "0") && !parse_flag("X", ""));
   for (const char* bad : {"yes", "true", "2", " 1"})
