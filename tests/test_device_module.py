@@ -1,9 +1,10 @@
 """torch.neuron and torch.accelerator as users meet them: names, counts and
-properties, generated methods, autoload, fork, printing, and bad input
-(mixed devices, invalid indices, invalid NEURON_RT_VISIBLE_CORES and
-TORCHNEURON_MACHINE); the machine model's device properties; the
-functions torch.neuron mirrors from torch.cuda, with its signatures and its
-exception types (capability, StreamContext)."""
+properties, generated methods, autoload, fork (the child's clear error and
+its own exit status, os.fork and multiprocessing), printing, and bad input
+(mixed devices, invalid indices, every start-up setting refused naming the
+variable); the machine model's device properties; the functions torch.neuron
+mirrors from torch.cuda, with its signatures and its exception types
+(capability, StreamContext)."""
 import inspect
 import os
 import time
@@ -80,6 +81,52 @@ def test_invalid_visible_cores_is_a_clear_error():
     assert "NEURON_RT_VISIBLE_CORES='3-1' is invalid" in r.stderr
 
 
+HOST_GIB = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / (1 << 30)
+
+# Each setting the runtime reads at start-up, with values it refuses and the reason it gives.
+BAD_SETTINGS = [
+    ("TORCHNEURON_HBM_BYTES", "1T", f"2 core(s) of 1024.0 GiB each exceed the host's {HOST_GIB:.1f} GiB of memory"),
+    ("TORCHNEURON_HBM_BYTES", f"{int(HOST_GIB) // 2 + 1}G", "exceed the host's"),
+    ("TORCHNEURON_HBM_BYTES", "4.5G", "expected a whole byte count"),
+    ("TORCHNEURON_HBM_BYTES", "-1", "expected a whole byte count"),
+    ("TORCHNEURON_HBM_BYTES", "12X", "unknown unit 'X'"),
+    ("TORCHNEURON_HBM_BYTES", "0", "must be positive"),
+    ("TORCHNEURON_HBM_BYTES", "99999999999999T", "too large"),
+    ("TORCHNEURON_MACHINE", "gpu", "expected trn2"),
+    ("TORCHNEURON_NKI_TARGET", "v9", "expected trn2"),
+    ("NEURON_RT_VISIBLE_CORES", "0-64", "65 cores listed, at most 64 are supported"),
+    ("NEURON_RT_VISIBLE_CORES", "200", "core id 200 is above 127"),
+    ("NEURON_RT_VISIBLE_CORES", "two", "expected core ids"),
+    ("NEURON_LAUNCH_BLOCKING", "yes", "expected 1 (on) or 0 (off)"),
+    ("TORCHNEURON_EXIT_TIMEOUT", "soon", "expected seconds"),
+    ("TORCHNEURON_EXIT_TIMEOUT", "-1", "expected seconds"),
+]
+
+
+@pytest.mark.parametrize("variable, value, why", BAD_SETTINGS, ids=[f"{v}={x}" for v, x, _ in BAD_SETTINGS])
+def test_a_bad_setting_is_refused_at_the_first_device_use_naming_it(variable, value, why):
+    # As for NEURON_RT_VISIBLE_CORES above: no device is available, and the first use raises.
+    r = run_python(
+        """
+        import torch
+        print("available", torch.neuron.is_available(), flush=True)
+        torch.zeros(1, device="neuron")
+        """,
+        env={variable: value},
+    )
+    assert "available False" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1
+    assert f"RuntimeError: {variable}='{value}' is invalid: " in r.stderr and why in r.stderr, r.stderr
+
+
+def test_settings_within_bounds_are_accepted():
+    r = run_python("import torch; print(torch.neuron.get_device_properties(0).total_memory, "
+                   "(torch.ones(2, device='neuron:3') + 1).cpu().tolist())",
+                   env={"TORCHNEURON_HBM_BYTES": f"{int(HOST_GIB * 1024) // 4}M", "NEURON_RT_VISIBLE_CORES": "0-3",
+                        "NEURON_LAUNCH_BLOCKING": "0", "TORCHNEURON_NKI_TARGET": "trn3"})
+    assert r.stdout.split() == [str((int(HOST_GIB * 1024) // 4) << 20), "[2.0,", "2.0]"], r.stderr
+
+
 def test_visible_cores_sets_the_count():
     r = run_python("import torch; print(torch.neuron.device_count())", env={"NEURON_RT_VISIBLE_CORES": "0,2,5"})
     assert r.stdout.strip() == "3", r.stderr
@@ -92,26 +139,185 @@ def test_autoload_and_opt_out():
     assert r.stdout.strip() == "False", r.stderr
 
 
-def test_fork_after_init_raises_and_recommends_spawn():
+# A parent that has used `DEVICE` (a module name: "neuron" or "cpu") and
+# holds tensors, a module with an optimizer that has stepped, and, on neuron,
+# a side stream, an event and pinned memory; then forks children that end in
+# each way a program ends. Prints each child's exit status by ending.
+FORK_PARENT = """
+    import gc, os, sys, time, torch
+    device = DEVICE
+    x = torch.ones(1 << 16, device=device) * 2
+    y = x[::2]
+    model = torch.nn.Linear(8, 4).to(device)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 8, device=device)).sum().backward()
+    opt.step()
+    if device == "neuron":
+        side = torch.neuron.Stream()
+        with torch.neuron.stream(side):
+            z = x + 1
+        ev = torch.neuron.Event()
+        ev.record(side)
+        pinned = torch.arange(1 << 10, dtype=torch.float32).pin_memory()
+        queued = [x * 3 for _ in range(8)]  # work possibly still queued at the fork
+    ENDINGS = {
+        "del then sys.exit(5)": "del x, y, model, opt; gc.collect(); sys.exit(5)",
+        "sys.exit(5)": "sys.exit(5)",
+        "os._exit(4)": "os._exit(4)",
+        "end of program": "pass",
+        "uncaught exception": "raise ValueError('child')",
+        "drop everything, end": "x = y = model = opt = side = z = ev = pinned = queued = None; gc.collect()",
+    }
+    for name, ending in ENDINGS.items():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            exec(ending)
+            sys.exit(0)  # the endings that do not exit reach this: the program ends
+        _, status = os.waitpid(pid, 0)
+        print(name, "->", os.waitstatus_to_exitcode(status), flush=True)
+        print("seconds", time.monotonic() - start, flush=True)
+"""
+
+
+def _statuses(program, device):
+    """The children's exit statuses, the longest a child took, and stderr."""
+    r = run_python(program.replace("DEVICE", repr(device)))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    return ([line for line in lines if "->" in line],
+            max(float(line.split()[1]) for line in lines if line.startswith("seconds")), r.stderr)
+
+
+def test_a_forked_child_exits_with_its_own_status_whatever_it_inherited():
+    """Whatever a child inherits from a parent that used the device, and
+    whether it drops it or not, it ends with the status it chose, as a child
+    of a CPU program does (CUDA's children too): frees of the parent's device
+    memory in the child are no-ops, and there is no exit drain to run. Nor
+    does its exit wait for autograd threads it inherited the count of but
+    not the threads (torchneuron/_registration.py)."""
+    neuron, neuron_seconds, neuron_err = _statuses(FORK_PARENT, "neuron")
+    cpu, cpu_seconds, _ = _statuses(FORK_PARENT, "cpu")
+    assert neuron == cpu, neuron_err
+    # Not the autograd engine's 10 s wait for device threads the child does not have
+    assert max(neuron_seconds, cpu_seconds) < 8, (neuron_seconds, cpu_seconds)
+    assert cpu == ["del then sys.exit(5) -> 5", "sys.exit(5) -> 5", "os._exit(4) -> 4", "end of program -> 0",
+                   "uncaught exception -> 1", "drop everything, end -> 0"]
+    assert "terminate called" not in neuron_err and "forked subprocess" not in neuron_err, neuron_err
+
+
+def test_a_forked_child_that_uses_the_device_gets_the_clear_error_then_exits_with_its_own_status():
+    r = run_python(
+        """
+        import os, sys, torch
+        x = torch.ones(2, device="neuron") + 1
+        torch.neuron.synchronize()
+        uses = {"a new tensor": lambda: torch.ones(2, device="neuron"), "the inherited one": lambda: x.cpu(),
+                "x + 1": lambda: x + 1, "init": torch.neuron.init, "synchronize": torch.neuron.synchronize,
+                "pin_memory": lambda: torch.ones(4).pin_memory()}
+        for name, use in uses.items():
+            pid = os.fork()
+            if pid == 0:
+                print(name, "initialised", torch.neuron.is_initialized(), flush=True)
+                try:
+                    use()
+                    print(name, "no error", flush=True)
+                except RuntimeError as e:
+                    print(name, "error:", e, flush=True)
+                sys.exit(7)
+            _, status = os.waitpid(pid, 0)
+            print(name, "->", os.waitstatus_to_exitcode(status), flush=True)
+        pid = os.fork()
+        if pid == 0:
+            x + 1  # uncaught: the child ends as a Python program with an uncaught exception does
+        _, status = os.waitpid(pid, 0)
+        print("uncaught ->", os.waitstatus_to_exitcode(status), flush=True)
+        print("parent", (x * 2).cpu().tolist(), torch.neuron.is_initialized())
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    for name in ("a new tensor", "the inherited one", "x + 1", "init", "synchronize", "pin_memory"):
+        assert f"{name} initialised False" in r.stdout
+        assert (f"{name} error: the neuron device cannot be used in a forked subprocess after the parent "
+                "process initialised it; use the 'spawn' start method") in r.stdout, r.stdout
+        assert f"{name} -> 7" in r.stdout, r.stdout + r.stderr
+    assert "uncaught -> 1" in r.stdout and "use the 'spawn' start method" in r.stderr
+    assert "parent [4.0, 4.0] True" in r.stdout
+    assert "terminate called" not in r.stderr
+
+
+def test_a_child_forked_before_the_device_started_can_use_it():
+    # As with CUDA: a parent that only imported torch (and counted devices) has not initialised the device.
     r = run_python(
         """
         import os, torch
-        x = torch.ones(2, device="neuron") + 1
-        torch.neuron.synchronize()
+        print("count", torch.neuron.device_count())
         pid = os.fork()
         if pid == 0:
-            try:
-                torch.ones(2, device="neuron") + 1
-                os._exit(3)
-            except RuntimeError as e:
-                print("child:", e, flush=True)
-                os._exit(0 if "spawn" in str(e) else 4)
+            print("child", (torch.ones(2, device="neuron") + 1).cpu().tolist(), flush=True)
+            raise SystemExit(3)
         _, status = os.waitpid(pid, 0)
-        print("child exit", os.waitstatus_to_exitcode(status))
+        print("child exit", os.waitstatus_to_exitcode(status), "parent initialised", torch.neuron.is_initialized())
         """
     )
-    assert "child exit 0" in r.stdout, r.stdout + r.stderr
-    assert "forked subprocess" in r.stdout
+    assert "child [2.0, 2.0]" in r.stdout and "child exit 3 parent initialised False" in r.stdout, r.stdout + r.stderr
+
+
+MP_FORK = """
+    import multiprocessing as mp, os, sys, torch
+    device = DEVICE
+    x = torch.ones(4, device=device) * 2
+    model = torch.nn.Linear(4, 2).to(device)
+
+    def untouched(code):
+        y = x  # the inherited tensor, dropped at return
+        sys.exit(code)
+
+    def touches():
+        print("touch", (x + 1).sum().item(), flush=True)
+
+    def square(n):
+        return n * n
+
+    def square_on_device(n):
+        return (x * n).sum().item()
+
+    if __name__ == "__main__":
+        ctx = mp.get_context("fork")
+        for name, target, args in [("exit 0", untouched, (0,)), ("exit 5", untouched, (5,)), ("touches", touches, ())]:
+            p = ctx.Process(target=target, args=args)
+            p.start()
+            p.join()
+            print("process", name, "->", p.exitcode, flush=True)
+        with ctx.Pool(2) as pool:
+            print("pool ->", pool.map(square, range(4)), flush=True)
+            try:
+                print("pool on device ->", pool.map(square_on_device, range(2)), flush=True)
+            except RuntimeError as e:
+                print("pool on device -> RuntimeError", "spawn" in str(e), flush=True)
+        print("parent", (x + 1).sum().item(), flush=True)
+"""
+
+
+def test_multiprocessing_fork_children_exit_as_the_cpus_do():
+    """The 'fork' start method: Process children end with their own status
+    (a child that uses the device gets the clear error, an uncaught exception,
+    status 1), Pool workers inherit tensors and work; a Pool task that uses the
+    device raises the clear error in the parent."""
+    def run(device):
+        r = run_python(MP_FORK.replace("DEVICE", repr(device)))
+        assert r.returncode == 0, r.stderr
+        return r.stdout.splitlines(), r.stderr
+
+    neuron, neuron_err = run("neuron")
+    cpu, _ = run("cpu")
+    assert cpu == ["process exit 0 -> 0", "process exit 5 -> 5", "touch 12.0", "process touches -> 0",
+                   "pool -> [0, 1, 4, 9]", "pool on device -> [0.0, 8.0]", "parent 12.0"]
+    assert neuron == ["process exit 0 -> 0", "process exit 5 -> 5", "process touches -> 1", "pool -> [0, 1, 4, 9]",
+                      "pool on device -> RuntimeError True", "parent 12.0"], neuron_err
+    assert "use the 'spawn' start method" in neuron_err and "terminate called" not in neuron_err, neuron_err
 
 
 def test_printing_and_assert_close():

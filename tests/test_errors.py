@@ -153,6 +153,24 @@ print("end of script")
     assert r.returncode == 0 and "seen" in r.stdout and "never raised" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("ending", ["", "sys.exit(0)", "sys.exit(3)", "raise SystemExit('bye')"])
+def test_an_unraised_device_error_at_exit_keeps_a_failing_status_the_program_chose(ending):
+    """The error is printed and a status of 0 becomes 1; any other status
+    (sys.exit(3), SystemExit with a message's 1) is the one the program, run
+    on the CPU without the error, ends with."""
+    program = f"""
+import sys, torch
+x = torch.arange(4.0, device="neuron")
+torch.index_select(x, 0, torch.tensor([1], device="neuron"))  # the first call of a signature runs at once
+torch.index_select(x, 0, torch.tensor([9], device="neuron"))
+{ending}
+"""
+    r = run_python(program)
+    cpu = subprocess.run([sys.executable, "-c", f"import sys\n{ending}"], capture_output=True).returncode
+    assert r.returncode == (cpu or 1), r.stderr
+    assert "1 device error(s) were never raised" in r.stderr and "aten::index_select" in r.stderr
+
+
 # A queue of work that takes many seconds: 400 matrix products of 1024x1024.
 LONG_QUEUE = """
     import sys, time, torch
@@ -209,6 +227,20 @@ def test_exit_after_an_uncaught_ctrl_c_cancels_queued_work():
     # no one can read any more is cancelled, not run.
     _, elapsed, code, out, err = _interrupt("time.sleep(60)\n")
     assert code == -signal.SIGINT, err
+    assert elapsed < 5, elapsed
+
+
+@pytest.mark.parametrize("ending", ["", "sys.exit(3)\n"])
+def test_ctrl_c_during_the_exit_drain_cancels_the_queued_work_and_ends_as_interrupted(ending):
+    # The program ends with about ten seconds of device work queued: the
+    # exit drain waits for it, and Ctrl-C there cancels what has not started
+    # and ends the process as Python ends one a KeyboardInterrupt stopped
+    # (killed by SIGINT, as the uncaught Ctrl-C above), whatever status it was
+    # exiting with.
+    _, elapsed, code, out, err = _interrupt(ending)
+    assert code == -signal.SIGINT, err
+    assert "torchneuron: interrupted at exit; the device work still queued was cancelled: neuron:0 (" in err, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
     assert elapsed < 5, elapsed
 
 

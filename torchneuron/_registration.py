@@ -11,6 +11,8 @@ from . import _C
 
 
 def _exit_timeout() -> float:
+    """TORCHNEURON_EXIT_TIMEOUT, which the runtime checked at the first device
+    use (csrc/runtime/config.cpp); unset or empty, 60 s."""
     try:
         return float(os.environ.get("TORCHNEURON_EXIT_TIMEOUT", "60"))
     except ValueError:
@@ -24,30 +26,42 @@ def _drain_at_exit():
     Queued work must finish or be cancelled before the interpreter tears down
     the libraries it runs in. A normal exit lets it finish (its errors are
     then reported) for at most ``TORCHNEURON_EXIT_TIMEOUT`` seconds (60); an
-    exit by an uncaught exception (Ctrl-C included), a Ctrl-C during this
-    wait, or the timeout cancels what has not started: no one can read its
-    results any more. Errors never raised are printed, and the exit status
-    becomes 1 if it would have been 0.
+    exit by an uncaught exception (Ctrl-C included) or the timeout cancels
+    what has not started: no one can read its results any more. A Ctrl-C
+    during this wait cancels it too, says so, and the process then ends as
+    Python ends one a KeyboardInterrupt stopped: killed by SIGINT (status
+    130 in a shell). Errors never raised are printed, and an exit status of
+    0 becomes 1; a status the program chose (``sys.exit(3)``) stays. The
+    status changes happen in C at exit() (``_C._set_exit_outcome``), after
+    the interpreter has finalised. A child forked after its parent started
+    the device has nothing to drain: the work and the errors are the
+    parent's.
     """
     from . import device
 
+    if _forked_child:
+        _release_inherited_autograd_threads()
     if not device.is_initialized():
         return
     indices = range(device.device_count())
-    if getattr(sys, "last_type", None) is not None:  # an uncaught exception ends the process
-        for i in indices:
-            _C._cancel_pending(i)
-    deadline = time.monotonic() + _exit_timeout()
-    for i in indices:
+    interrupted = False
+    if getattr(sys, "last_type", None) is None:  # no uncaught exception ends the process: let the work finish
+        deadline = time.monotonic() + _exit_timeout()
         try:
-            if not _C._wait_idle(i, max(0.0, deadline - time.monotonic())):
-                print(f"torchneuron: neuron:{i} still had queued work after TORCHNEURON_EXIT_TIMEOUT="
-                      f"{_exit_timeout():g} s at exit; it was cancelled", file=sys.stderr)
+            for i in indices:
+                if not _C._wait_idle(i, max(0.0, deadline - time.monotonic())):
+                    print(f"torchneuron: neuron:{i} still had queued work after TORCHNEURON_EXIT_TIMEOUT="
+                          f"{_exit_timeout():g} s at exit; it was cancelled", file=sys.stderr)
         except KeyboardInterrupt:
-            pass
-        finally:
-            _C._cancel_pending(i)
-        _C._wait_idle(i, float("inf"))  # the task running now, at most
+            interrupted = True
+    cancelled = [_C._cancel_pending(i) for i in indices]
+    if interrupted:
+        queued = ", ".join(f"neuron:{i} ({n} task(s))" for i, n in zip(indices, cancelled) if n) or "none"
+        print(f"torchneuron: interrupted at exit; the device work still queued was cancelled: {queued}",
+              file=sys.stderr)
+        _C._set_exit_outcome("interrupted")
+    for i in indices:
+        _wait_uninterrupted(i)  # the task running now, at most
     errors = [_C._device_errors(i) for i in indices]
     unreported = [m for e in errors for m in e["unreported_errors"]]
     if unreported:
@@ -55,10 +69,38 @@ def _drain_at_exit():
               "(call torch.accelerator.synchronize() to see them where they happen):", file=sys.stderr)
         for message in unreported:
             print("  " + message.replace("\n", "\n  "), file=sys.stderr)
-        if getattr(sys, "last_type", None) is None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
+        _C._set_exit_outcome("unreported_errors")
+
+
+_forked_child = False
+
+
+def _note_fork() -> None:
+    global _forked_child
+    _forked_child = True
+
+
+def _release_inherited_autograd_threads() -> None:
+    """The autograd engine of a process that ran a backward has a thread per
+    device index of the backends with devices (neuron's among them), and at
+    exit waits up to 10 s for them to stop. A forked child inherits the count
+    but not the threads, so its exit would wait the full 10 s (the stock CPU
+    build, with no such backend, has no threads to wait for). PyTorch resets
+    the engine of a forked child at its first use there (a backward, or any
+    call on the engine): this is such a call."""
+    torch.autograd.Variable._execution_engine.is_checkpoint_valid()
+
+
+def _wait_uninterrupted(index: int) -> None:
+    """Waits until the device's running task ends; a Ctrl-C cannot cut it
+    short (the interpreter must not tear down what a task runs in), but marks
+    the exit as interrupted."""
+    while True:
+        try:
+            _C._wait_idle(index, float("inf"))
+            return
+        except KeyboardInterrupt:
+            _C._set_exit_outcome("interrupted")
 
 
 def register():
@@ -72,3 +114,4 @@ def register():
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
     )
     atexit.register(_drain_at_exit)
+    os.register_at_fork(after_in_child=_note_fork)

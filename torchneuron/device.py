@@ -31,7 +31,7 @@ def device_count() -> int:
 def _lazy_init() -> None:
     """Initialises the runtime; raises for a bad configuration or a bad fork."""
     global _initialized
-    if _initialized:
+    if is_initialized():
         return
     _C._init()
     _initialized = True
@@ -41,11 +41,13 @@ init = _lazy_init
 
 
 def is_initialized() -> bool:
-    return _initialized
+    """Whether this process initialised the runtime: a child forked after its
+    parent did has not (its devices are the parent's), as ``torch.cuda``."""
+    return _initialized and not _is_in_bad_fork()
 
 
 def _is_in_bad_fork() -> bool:
-    return "forked subprocess" in _C._config_error()
+    return _C._is_in_bad_fork()
 
 
 def _index(device: Any = None, optional: bool = True) -> int:

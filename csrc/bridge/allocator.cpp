@@ -72,7 +72,7 @@ struct DeviceCache {
 };
 
 DeviceCache& cache(int device) {
-  static std::array<DeviceCache, 64> caches;
+  static std::array<DeviceCache, rt::kMaxDevices> caches;
   return caches.at(device);
 }
 
@@ -270,6 +270,11 @@ Block* malloc_block(int device, int stream, size_t requested, HistoryContext con
 }
 
 void free_block(void* ctx) {
+  // A child forked after the device started frees its copy of the parent's
+  // tensors: the memory is the parent's, and the cache, streams and locks
+  // are copies of the parent's state at the fork (a lock may be held by a
+  // thread the child does not have). Nothing to do.
+  if (rt::in_bad_fork()) return;
   auto* b = static_cast<Block*>(ctx);
   // The stream's waiting work hears of the free: a temporary that a pending
   // fused task produces need then never be written. Only single-stream

@@ -10,7 +10,7 @@ namespace torchneuron {
 namespace {
 thread_local c10::DeviceIndex t_current_device = 0;
 // Stream id per device for this thread; 0 is the default stream.
-thread_local std::array<c10::StreamId, 64> t_current_stream{};
+thread_local std::array<c10::StreamId, rt::kMaxDevices> t_current_stream{};
 } // namespace
 
 namespace {

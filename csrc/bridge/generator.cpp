@@ -81,7 +81,7 @@ NeuronGeneratorImpl* NeuronGeneratorImpl::clone_impl() const {
 }
 
 const at::Generator& default_generator(c10::DeviceIndex device) {
-  static std::array<at::Generator, 64> generators;
+  static std::array<at::Generator, rt::kMaxDevices> generators;
   static std::once_flag once;
   std::call_once(once, [] {
     for (c10::DeviceIndex i = 0; i < device_count(); ++i)

@@ -31,6 +31,9 @@ class PinnedHostAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+    // As CUDA's pinned memory, which needs the device: a child forked after
+    // the device started gets the fork error (its frees are no-ops, below).
+    if (rt::in_bad_fork()) ensure_initialized();
     const size_t size = round(n);
     std::unique_lock<std::mutex> lock(mu_);
     release_finished_uses();
@@ -165,6 +168,10 @@ PinnedHostAllocator& instance() {
 }
 
 void PinnedHostAllocator::deleter(void* p) {
+  // In a child forked after the device started, the cache and its lock are
+  // copies of the parent's at the fork, and a block's recorded uses are the
+  // parent's streams: the child keeps its copy of the buffer until it exits.
+  if (rt::in_bad_fork()) return;
   auto& a = instance();
   std::lock_guard<std::mutex> lock(a.mu_);
   auto it = a.blocks_.find(p);

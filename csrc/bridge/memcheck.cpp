@@ -116,8 +116,8 @@ struct Queue {
   std::vector<Request> requests;
 };
 constexpr int kStreams = rt::Device::kStreams;
-std::array<Queue, 64 * kStreams> queues;
-std::array<std::atomic<int>, 64> pending_requests{};  // per device
+std::array<Queue, rt::kMaxDevices * kStreams> queues;
+std::array<std::atomic<int>, rt::kMaxDevices> pending_requests{};  // per device
 Queue& queue(int device, int stream) { return queues.at(device * kStreams + stream); }
 
 std::atomic<GatherContextFn> gather_fn{nullptr};

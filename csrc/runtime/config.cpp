@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <initializer_list>
+#include <limits>
 
 #include <unistd.h>
 
@@ -20,6 +22,12 @@ constexpr int kMaxCoreId = 127;
   throw ConfigError(std::string(variable) + "='" + text + "' is invalid: " + why);
 }
 
+std::string gib(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f GiB", double(bytes) / double(1ull << 30));
+  return buf;
+}
+
 int parse_core(const std::string& whole, const std::string& part) {
   if (part.empty() || !std::all_of(part.begin(), part.end(), ::isdigit))
     bad("NEURON_RT_VISIBLE_CORES", whole,
@@ -33,7 +41,7 @@ int parse_core(const std::string& whole, const std::string& part) {
 
 } // namespace
 
-Machine parse_machine(const std::string& text) {
+Machine parse_machine(const std::string& text, const char* variable) {
   std::string k;
   for (char c : text)
     if (!std::isspace(static_cast<unsigned char>(c)) && c != '_') k += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -46,7 +54,7 @@ Machine parse_machine(const std::string& text) {
   if (is({"trn3", "trainium3", "gen4", "v4", "neuroncore-v4", "nc4"})) return {"trn3", "NeuronCore-v4", 8, 144 * GiB / 8};
   if (is({"trn1", "trainium1", "trainium", "inf2", "gen2", "v2", "neuroncore-v2", "nc2"}))
     return {"trn1", "NeuronCore-v2", 2, 32 * GiB / 2};
-  bad("TORCHNEURON_MACHINE", text, "expected trn2 (Trainium2), trn3 (Trainium3) or trn1 (Trainium1)");
+  bad(variable, text, "expected trn2 (Trainium2), trn3 (Trainium3) or trn1 (Trainium1)");
 }
 
 std::vector<int> parse_visible_cores(const std::string& text) {
@@ -75,13 +83,19 @@ std::vector<int> parse_visible_cores(const std::string& text) {
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
     bad("NEURON_RT_VISIBLE_CORES", text, "a core is listed twice");
+  if (cores.size() > static_cast<size_t>(kMaxDevices))
+    bad("NEURON_RT_VISIBLE_CORES", text,
+        std::to_string(cores.size()) + " cores listed, at most " + std::to_string(kMaxDevices) + " are supported");
   return cores;
 }
 
 size_t parse_bytes(const char* variable, const std::string& text) {
   size_t i = 0;
   while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  if (i == 0 || i > 15) bad(variable, text, "expected a byte count such as 4G, 512M or 1048576");
+  const bool letters_follow = std::all_of(text.begin() + static_cast<std::ptrdiff_t>(i), text.end(),
+                                          [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+  if (i == 0 || i > 15 || !letters_follow)
+    bad(variable, text, "expected a whole byte count such as 4G, 512M or 1048576");
   size_t value = std::stoull(text.substr(0, i));
   std::string unit = text.substr(i);
   for (auto& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
@@ -92,21 +106,55 @@ size_t parse_bytes(const char* variable, const std::string& text) {
                : unit == "G" ? 1ull << 30 : unit == "T" ? 1ull << 40 : 0;
   if (scale == 0) bad(variable, text, "unknown unit '" + text.substr(i) + "'");
   if (value == 0) bad(variable, text, "must be positive");
+  if (value > std::numeric_limits<size_t>::max() / scale) bad(variable, text, "too large");
   return value * scale;
+}
+
+size_t parse_hbm_bytes(const std::string& text, size_t cores, size_t host_bytes) {
+  const size_t per_core = parse_bytes("TORCHNEURON_HBM_BYTES", text);
+  // Device memory is host memory: more than the host has would end in the
+  // kernel's OOM killer, not an out-of-memory error.
+  if (cores > 0 && per_core > host_bytes / cores)
+    bad("TORCHNEURON_HBM_BYTES", text,
+        std::to_string(cores) + " core(s) of " + gib(per_core) + " each exceed the host's " + gib(host_bytes) +
+            " of memory (device memory is host memory)");
+  return per_core;
+}
+
+bool parse_flag(const char* variable, const std::string& text) {
+  if (text == "1") return true;
+  if (text.empty() || text == "0") return false;
+  bad(variable, text, "expected 1 (on) or 0 (off)");
+}
+
+double parse_seconds(const char* variable, const std::string& text) {
+  char* end = nullptr;
+  const double seconds = text.empty() ? -1 : std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0])) || !(seconds >= 0))
+    bad(variable, text, "expected seconds, a number >= 0 such as 60 or 0.5");
+  return seconds;
 }
 
 Config config_from_environment() {
   Config c;
   const char* machine = std::getenv("TORCHNEURON_MACHINE");
   c.machine = parse_machine(machine && *machine ? machine : "trn2");
+  // The NKI emulator's own name for the machine model (torchneuron/nki/machine.py):
+  // a bad one is refused here too, at start-up, not at the first kernel launch.
+  if (const char* target = std::getenv("TORCHNEURON_NKI_TARGET"); target && *target)
+    parse_machine(target, "TORCHNEURON_NKI_TARGET");
   const char* cores = std::getenv("NEURON_RT_VISIBLE_CORES");
   c.visible_cores = cores ? parse_visible_cores(cores) : std::vector<int>{0, 1};
   const char* hbm = std::getenv("TORCHNEURON_HBM_BYTES");
-  const size_t host_share = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE)) /
-                            2 / c.visible_cores.size();
-  c.hbm_bytes = hbm && *hbm ? parse_bytes("TORCHNEURON_HBM_BYTES", hbm) : std::min(c.machine.hbm_bytes_per_core, host_share);
+  const size_t host_bytes = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<size_t>(sysconf(_SC_PAGE_SIZE));
+  const size_t host_share = host_bytes / 2 / c.visible_cores.size();
+  c.hbm_bytes = hbm && *hbm ? parse_hbm_bytes(hbm, c.visible_cores.size(), host_bytes)
+                            : std::min(c.machine.hbm_bytes_per_core, host_share);
+  // Read by the exit drain (torchneuron/_registration.py); checked here, with the others.
+  if (const char* timeout = std::getenv("TORCHNEURON_EXIT_TIMEOUT"); timeout && *timeout)
+    parse_seconds("TORCHNEURON_EXIT_TIMEOUT", timeout);
   const char* blocking = std::getenv("NEURON_LAUNCH_BLOCKING");
-  c.launch_blocking = blocking && std::string(blocking) == "1";
+  c.launch_blocking = parse_flag("NEURON_LAUNCH_BLOCKING", blocking ? blocking : "");
   return c;
 }
 

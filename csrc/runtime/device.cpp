@@ -168,8 +168,13 @@ bool Device::wait_idle(int64_t deadline_ns) {
   return true;
 }
 
-void Device::cancel_pending() {
-  for (Stream* s : made_streams()) s->cancel_pending();
+size_t Device::cancel_pending() {
+  size_t queued = 0;
+  for (Stream* s : made_streams()) {
+    queued += s->pending();
+    s->cancel_pending();
+  }
+  return queued;
 }
 
 void Device::record_error(AsyncError error) {
@@ -227,14 +232,19 @@ struct Runtime {
   }
 };
 
+std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_forked_child{false};
 
 Runtime& the_runtime() {
   // Never destroyed: executor threads may still hold devices at exit.
   static Runtime* rt = [] {
-    // A forked child has none of the parent's executor threads, so it must not
-    // touch devices the parent initialised.
-    pthread_atfork(nullptr, nullptr, [] { g_forked_child.store(true); });
+    // A child forked after init() has none of the parent's executor threads,
+    // and its device memory is a copy the parent owns: it must not touch the
+    // devices. A child forked before init() (after device_count(), say) starts
+    // them afresh, as a CUDA child of a parent that never initialised CUDA.
+    pthread_atfork(nullptr, nullptr, [] {
+      if (g_initialized.load()) g_forked_child.store(true);
+    });
     return new Runtime();
   }();
   return *rt;
@@ -244,12 +254,16 @@ Runtime& the_runtime() {
 
 int device_count() noexcept { return static_cast<int>(the_runtime().devices.size()); }
 
+bool in_bad_fork() noexcept { return g_forked_child.load(std::memory_order_relaxed); }
+
 void init() {
-  if (g_forked_child.load())
+  if (in_bad_fork())
     throw UsageError(
         "the neuron device cannot be used in a forked subprocess after the parent process "
         "initialised it; use the 'spawn' start method (multiprocessing.set_start_method('spawn'))");
-  if (the_runtime().config_error) throw *the_runtime().config_error;
+  Runtime& rt = the_runtime();
+  if (rt.config_error) throw *rt.config_error;
+  if (!g_initialized.load(std::memory_order_relaxed)) g_initialized.store(true);
 }
 
 const Config& config() {

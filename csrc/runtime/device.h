@@ -69,7 +69,9 @@ class Device {
   void synchronize();      // every stream, then raise a pending error
   // Waits for every stream until `deadline_ns`; whether all finished.
   bool wait_idle(int64_t deadline_ns);
-  void cancel_pending();   // Stream::cancel_pending on every stream
+  // Stream::cancel_pending on every stream; the number of tasks that had not
+  // started (a snapshot per stream, taken just before its cancellation).
+  size_t cancel_pending();
 
   // Asynchronous errors are sticky, as CUDA's: every failed task is kept (the
   // first kMaxKeptErrors, the rest counted), and every synchronising call
@@ -124,9 +126,12 @@ class Device {
 
 // The process-wide runtime. device_count() never throws (0 when the
 // configuration is invalid); init() raises the configuration error, or the
-// fork error in a child forked after the runtime started. device() calls init().
+// fork error in a child forked after the parent's init(). device() calls init().
+// in_bad_fork(): this process is such a child; the devices and their memory
+// are the parent's, and frees of inherited memory are no-ops.
 int device_count() noexcept;
 void init();
+bool in_bad_fork() noexcept;
 Device& device(int index);
 const Config& config();
 void set_task_observer(TaskObserver observer);

@@ -2,6 +2,12 @@
 // errors read and reset, waits that Ctrl-C interrupts, and the bounded drain
 // at interpreter exit (torchneuron/_registration.py).
 #include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
 
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
@@ -50,6 +56,30 @@ py::dict as_dict(const rt::Device::Errors& errors) {
   return d;
 }
 
+// What the exit drain found, applied to the exit status once the interpreter
+// has finalised (exit() runs on_exit handlers with the status the program
+// chose: sys.exit(3), an uncaught exception's 1, or 0).
+enum ExitOutcome : int { kClean = 0, kUnreportedErrors = 1, kInterrupted = 2 };
+std::atomic<int> g_exit_outcome{kClean};
+
+void apply_exit_outcome(int status, void*) {
+  const int outcome = g_exit_outcome.load();
+  if (outcome == kClean) return;
+  std::fflush(nullptr);
+  if (outcome == kInterrupted) {
+    // As Python ends a program a KeyboardInterrupt ended: killed by SIGINT
+    // (a shell shows 130), whatever status it was exiting with.
+    ::signal(SIGINT, SIG_DFL);
+    sigset_t only_sigint;
+    sigemptyset(&only_sigint);
+    sigaddset(&only_sigint, SIGINT);
+    pthread_sigmask(SIG_UNBLOCK, &only_sigint, nullptr);
+    ::raise(SIGINT);
+    ::_exit(128 + SIGINT);
+  }
+  if (status == 0) ::_exit(1);  // unreported device errors: a failure, unless the program chose its own status
+}
+
 } // namespace
 
 void bind_device_errors(py::module_& m) {
@@ -70,9 +100,21 @@ void bind_device_errors(py::module_& m) {
     py::gil_scoped_release no_gil;
     return translate_errors([&] { return rt::device(index).wait_idle(deadline); });
   });
+  // Cancels the device's work that has not started; how many tasks that was.
   m.def("_cancel_pending", [](int index) {
     check_device_index(index);
-    rt::device(index).cancel_pending();
+    return rt::device(index).cancel_pending();
+  });
+  // The exit drain's findings (torchneuron/_registration.py), applied at exit():
+  // "unreported_errors" turns status 0 into 1, "interrupted" ends the process
+  // by SIGINT.
+  ::on_exit(&apply_exit_outcome, nullptr);
+  m.def("_set_exit_outcome", [](const std::string& outcome) {
+    const int value = outcome == "unreported_errors" ? kUnreportedErrors : outcome == "interrupted" ? kInterrupted : -1;
+    TORCH_CHECK_VALUE(value >= 0, "unknown exit outcome '", outcome, "'");
+    int seen = g_exit_outcome.load();
+    while (seen < value && !g_exit_outcome.compare_exchange_weak(seen, value)) {
+    }
   });
 }
 

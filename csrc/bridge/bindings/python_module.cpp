@@ -156,14 +156,7 @@ PYBIND11_MODULE(_C, m) {
   ops::prefer_nested_cpu_kernels();
   m.def("_init", [] { ensure_initialized(); });
   m.def("device_count", [] { return int(device_count()); });
-  m.def("_config_error", []() -> std::string {
-    try {
-      rt::init();
-    } catch (const std::exception& e) {
-      return e.what();
-    }
-    return "";
-  });
+  m.def("_is_in_bad_fork", [] { return rt::in_bad_fork(); });
   m.def("_device_properties", [](int index) {
     check_device_index(index);
     const auto& p = rt::device(index).properties();
