@@ -405,6 +405,9 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
       adopt_metadata(d, a);
       if (a.storage().data() != d.storage().data()) {
         translate_errors([&] { current_runtime_stream(device).synchronize(); });
+        // The memory checker's check of the fresh block, which waited for the stream, runs before
+        // the host writes it (another thread's work may have kept the stream busy until now).
+        memcheck::HostAccess settled;
         host_view(d).copy_(a);
       }
     }
