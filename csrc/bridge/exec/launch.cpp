@@ -441,8 +441,12 @@ void write_from_host(rt::Stream& stream, const at::Tensor& dst, const at::Tensor
     host_view(dst).copy_(src);
     return;
   }
+  enqueue_copy(stream, host_view(dst), owned ? src : src.clone(at::MemoryFormat::Preserve));
+}
+
+void enqueue_copy(rt::Stream& stream, at::Tensor dst, at::Tensor src) {
   translate_errors([&] {
-    stream.enqueue("aten::copy_", [dst = host_view(dst), src = owned ? src : src.clone(at::MemoryFormat::Preserve)]() mutable {
+    stream.enqueue("aten::copy_", [dst = std::move(dst), src = std::move(src)]() mutable {
       auto guard = below_autograd();
       dst.copy_(src);
     });

@@ -51,6 +51,10 @@ void call_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // still reads it. Now, if the stream has nothing queued; otherwise as a task
 // that holds `src` (a copy of it unless `owned`: the caller may reuse it).
 void write_from_host(runtime::Stream& stream, const at::Tensor& dst, const at::Tensor& src, bool owned);
+// Queues `dst.copy_(src)` (host tensors: views of device memory or host
+// memory) on `stream`. The task holds both: a pinned buffer freed by the
+// caller meanwhile stays out of the host allocator's cache until it ran.
+void enqueue_copy(runtime::Stream& stream, at::Tensor dst, at::Tensor src);
 
 // Makes device tensor `d` take the metadata `m` computed for it (an out=
 // argument resized by the op, or an in-place metadata change).

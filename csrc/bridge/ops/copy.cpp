@@ -21,20 +21,6 @@
 #include "kernels.h"
 
 namespace torchneuron::ops {
-namespace {
-
-// The task holds both tensors: a pinned buffer freed by the caller meanwhile
-// stays out of the host allocator's cache until the copy ran.
-void enqueue_copy(rt::Stream& stream, at::Tensor dst, at::Tensor src) {
-  translate_errors([&] {
-    stream.enqueue("aten::copy_", [dst = std::move(dst), src = std::move(src)]() mutable {
-      auto guard = below_autograd();
-      dst.copy_(src);
-    });
-  });
-}
-
-} // namespace
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   const bool src_dev = self.device().type() == kNeuron, dst_dev = dst.device().type() == kNeuron;
