@@ -291,21 +291,6 @@ def test_fallback_execution_and_clear_error(monkeypatch):
     assert any("running it eagerly" in str(m.message) for m in w)
 
 
-def test_cpu_input_is_a_clear_error():
-    w = torch.randn(4, 4, device=DEV)
-    x = torch.randn(2, 4)
-    # mixing devices in one operator: Dynamo's own error names both devices
-    with pytest.raises(Exception, match="cpu and neuron"):
-        torch.compile(lambda t: t @ w, backend="neuron")(x)
-    # a CPU input copied inside the graph: refused unless the user opts in
-    f = lambda t: t.to(DEV) @ w  # noqa: E731
-    with pytest.raises(Exception, match=r"input \d+ of graph \d+ .*is a CPU tensor"):
-        torch.compile(f, backend="neuron")(x)
-    torch._dynamo.reset()
-    out = torch.compile(f, backend="neuron", options={"allow_cpu_inputs": True})(x)
-    _close(out, x @ w.cpu())
-
-
 # ------------------------------------------------------------------ reduce-overhead: record and replay
 
 def _mlp():

@@ -37,13 +37,17 @@ from torch.neuron import (  # noqa: F401
     synchronize,
 )
 from torchneuron import clear_op_tracking, nki_op  # noqa: F401
+from torchneuron.compile.metrics import get_dynamo_metrics, reset_dynamo_metrics  # noqa: F401
+
+from . import neuron_dynamo_backend  # noqa: F401
 
 __all__ = ["synchronize", "device_count", "current_device", "set_device", "get_device_properties",
            "is_neuron_runtime_initialized", "device", "Stream", "Event", "StreamContext", "stream",
            "current_stream", "default_stream", "set_stream", "memory_stats", "memory_allocated",
            "max_memory_allocated", "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats",
            "reset_accumulated_memory_stats", "memory_summary", "empty_cache", "get_fallback_ops",
-           "get_executed_ops", "clear_op_tracking", "nki_op", "wrap_nki"]
+           "get_executed_ops", "clear_op_tracking", "nki_op", "wrap_nki", "get_dynamo_metrics",
+           "reset_dynamo_metrics", "neuron_dynamo_backend"]
 
 
 def set_device(device: int | str | torch.device) -> None:

@@ -10,10 +10,11 @@
   ``"max-autotune-no-cudagraphs"`` (see :data:`MODES`).
 * ``options``: Inductor config keys (as for ``backend="inductor"``) plus
   ``fallback_execution`` (bool: run a graph that fails to compile eagerly,
-  with a warning, instead of raising) and ``allow_cpu_inputs`` (bool: accept
-  CPU tensors among a graph's inputs; by default a graph whose tensors are on
-  ``neuron`` and whose inputs include a CPU tensor with at least one
-  dimension raises, since that is almost always a forgotten ``.to("neuron")``).
+  with a warning, instead of raising; its default follows
+  ``TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION``), ``allow_cpu_inputs`` (bool:
+  compile a graph with CPU inputs as it is, its CPU parts on the host) and
+  ``model_name`` (str: the name in the compilation metrics, metrics.py).
+* CPU inputs are copied to the device (inputs.py), as TorchNeuron does.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import warnings
 from typing import Any
 
 import torch
+
+from . import inputs, metrics, settings
 
 # Inductor config for each mode. CUDA graphs do not exist here:
 # "reduce-overhead" records and replays each graph's device tasks instead
@@ -34,8 +37,6 @@ MODES: dict[str, dict[str, Any]] = {
     "max-autotune": {"max_autotune": True, "coordinate_descent_tuning": True},
 }
 
-_OWN_OPTIONS = ("fallback_execution", "allow_cpu_inputs")
-
 
 class NeuronCompileError(RuntimeError):
     """A graph could not be compiled for ``neuron``."""
@@ -47,20 +48,13 @@ def _graph_label(gm: torch.fx.GraphModule) -> str:
     return f"graph {getattr(gm, '_neuron_graph_id', '?')} ({len(ops)} operators; first: {first})"
 
 
-def _check_inputs(gm: torch.fx.GraphModule, example_inputs, allow_cpu: bool) -> None:
-    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    on_neuron = any(t.device.type == "neuron" for t in tensors)
-    if not on_neuron or allow_cpu:
-        return
-    bad = [(i, t) for i, t in enumerate(example_inputs)
-           if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() > 0]
-    if bad:
-        i, t = bad[0]
-        raise NeuronCompileError(
-            f"torch.compile(backend='neuron'): input {i} of {_graph_label(gm)} is a CPU tensor "
-            f"{tuple(t.shape)} {t.dtype} while the graph's other tensors are on neuron. Move it with "
-            f".to('neuron'), or pass options={{'allow_cpu_inputs': True}} to compile the mixed graph "
-            f"(its CPU parts then run on the host).")
+def _refuse_cpu_input(gm: torch.fx.GraphModule, example_inputs, i: int) -> None:
+    t = example_inputs[i]
+    raise NeuronCompileError(
+        f"torch.compile(backend='neuron'): input {i} of {_graph_label(gm)} is a CPU tensor "
+        f"{tuple(t.shape)} {t.dtype} and TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY is on. Move it with "
+        f".to('neuron'), unset the variable to have it copied, or pass options={{'allow_cpu_inputs': True}} "
+        f"to compile the graph as it is (its CPU parts then run on the host).")
 
 
 def _passed_to_dynamo() -> tuple:
@@ -91,18 +85,24 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     gm._neuron_graph_id = next(_graph_ids)
     stats["graphs"] += 1
     options = dict(options or {})
-    fallback = bool(options.pop("fallback_execution", False))
+    fallback = bool(options.pop("fallback_execution", settings.fallback_execution()))
     allow_cpu = bool(options.pop("allow_cpu_inputs", False))
+    model_name = str(options.pop("model_name", None) or metrics.get_model_name())
     mode = mode or "default"
     if mode not in MODES:
         raise NeuronCompileError(f"torch.compile(backend='neuron'): unknown mode {mode!r}; "
                                  f"expected one of {', '.join(MODES)}")
     config_patches = {**MODES[mode], **options}
-    _check_inputs(gm, example_inputs, allow_cpu)
+    moved = [] if allow_cpu else inputs.cpu_inputs(example_inputs)
+    if moved and not settings.cpu_autocopy():
+        _refuse_cpu_input(gm, example_inputs, moved[0])
+    device = torch.device("neuron", torch.neuron.current_device())
+    to_host = bool(moved) and settings.retain_device() and all(
+        t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor))
+    example_inputs = inputs.to_device(example_inputs, moved, device)
     try:
-        if mode == "reduce-overhead":
-            return _compile_for_replay(gm, example_inputs, config_patches)
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
+        compiled = _compile(gm, example_inputs, mode, config_patches, model_name)
+        return inputs.copying(compiled, moved, device, to_host) if moved else compiled
     except _PASSED_TO_DYNAMO:
         raise
     except Exception as e:
@@ -116,16 +116,27 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
                                  f"{type(e).__name__}: {e}") from e
 
 
-def _compile_for_replay(gm, example_inputs, config_patches):
-    """compile_fx with Inductor's inner compiler wrapped (replay.py). A hit in
-    AOTAutograd's cache would return graphs without calling the inner
-    compiler, so that cache is off here; Inductor's FX graph cache (the
-    generated code) still serves."""
+def _compile(gm, example_inputs, mode: str, config_patches: dict, model_name: str):
+    """compile_fx with Inductor's inner compiler wrapped to record each graph's
+    metrics and, for "reduce-overhead", to record and replay it (replay.py). A hit
+    in AOTAutograd's cache returns graphs without calling the inner compiler:
+    such graphs are recorded as loaded, and for replay that cache is off
+    (Inductor's FX graph cache, the generated code, still serves)."""
+    from torch._dynamo.utils import counters
     from torch._functorch import config as functorch_config
-    from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-    from .replay import inner_compile
+    inner = compile_fx_inner
+    replaying = mode == "reduce-overhead"
+    if replaying:
+        from .replay import inner_compile
 
-    with functorch_config.patch(enable_autograd_cache=False):
-        return compile_fx(gm, example_inputs, inner_compile=inner_compile(_graph_label(gm)),
-                          config_patches=config_patches)
+        inner = inner_compile(_graph_label(gm))
+    loaded = counters["inductor"]["fxgraph_cache_hit"]
+    hits = counters["aot_autograd"]["autograd_cache_hit"]
+    with functorch_config.patch(enable_autograd_cache=not replaying and functorch_config.enable_autograd_cache):
+        compiled = compile_fx(gm, example_inputs, inner_compile=metrics.recording(inner, model_name),
+                              config_patches=config_patches)
+    if counters["aot_autograd"]["autograd_cache_hit"] > hits:
+        metrics.record_cache_hits(gm, model_name, counters["inductor"]["fxgraph_cache_hit"] - loaded)
+    return compiled
