@@ -41,6 +41,13 @@ patch                                   target
                                         as read by ``decide_layout_opt``
 ``inductor-conv-bias``                  ``torch._inductor.kernel.conv.convolution`` (the lowering of
                                         ``aten.convolution``), for neuron inputs
+``flex-device``                         ``torch.nn.attention.flex_attention._validate_device``,
+                                        for neuron inputs
+``inductor-flex-cpu-template``          the lowering of ``higher_order.flex_attention``: neuron goes
+                                        to the CPU's C++ template (``lower_cpu``)
+``inductor-flex-dense``                 ``torch._inductor.fx_passes.post_grad.post_grad_passes`` (and
+                                        compile_fx's name for it): neuron flex with its logsumexp, and
+                                        its backward, decomposed first
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -57,7 +64,9 @@ extension points, next to the thing it registers.
   config, compile/codegen_config.py) and ``register_device_op_overrides``
   (compile/inductor_device.py), run when Inductor first asks the device module
   for its code generators (``torch.neuron.Scheduling``, device.py);
-  ``torch._functorch.config.patch``, a scoped config change (compile/backend.py).
+  ``torch._functorch.config.patch``, a scoped config change (compile/backend.py);
+* custom operators: ``torch.library.register_kernel`` for ``torch.nn.attention.varlen``'s
+  operators on neuron (varlen.py).
 
 Not a patch either: ``torchneuron-lockin run`` (torchneuron/lockin/redirect.py)
 redirects ``torch.cuda``, ``torch.autocast``, ``torch.amp.GradScaler`` and
@@ -1098,17 +1107,21 @@ def _decompose_neuron_flex(gm) -> None:
 
 
 def _apply_flex_dense() -> None:
-    def make(original):
-        def post_grad_passes(gm, is_inference):
-            if any(n.op == "call_function" and n.target in (torch.ops.higher_order.flex_attention,
-                                                            torch.ops.higher_order.flex_attention_backward)
-                   for n in gm.graph.nodes):
-                _decompose_neuron_flex(gm)
-            return original(gm, is_inference)
-        return post_grad_passes
+    post_grad = importlib.import_module(_POST_GRAD)
+    original = post_grad.post_grad_passes
+    if hasattr(original, _ORIGINAL):
+        return
 
+    def post_grad_passes(gm, is_inference):
+        if any(n.op == "call_function" and n.target in (torch.ops.higher_order.flex_attention,
+                                                        torch.ops.higher_order.flex_attention_backward)
+               for n in gm.graph.nodes):
+            _decompose_neuron_flex(gm)
+        return original(gm, is_inference)
+
+    setattr(post_grad_passes, _ORIGINAL, original)
     for dotted in _POST_GRAD_HOLDERS:
-        _replace(importlib.import_module(dotted), "post_grad_passes", make)
+        importlib.import_module(dotted).post_grad_passes = post_grad_passes
 
 
 _register(
