@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import distributed, lockin, profiler, sanitizer, soak
+from . import distributed, flex_attention, lockin, profiler, sanitizer, soak
 from .common import fmt_bytes, fmt_time
 from .large_ops import CHAINS
 
@@ -352,6 +352,8 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         s.append(sanitizer.markdown(res["sanitizer"]))
     if "soak" in res:
         s.append(soak.markdown(res["soak"]))
+    if "flex_attention" in res:
+        s.append(flex_attention.markdown(res["flex_attention"]))
     if not smoke and os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
             s.append("\n" + f.read())

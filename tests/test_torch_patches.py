@@ -129,6 +129,15 @@ def _missing(monkeypatch, name):
     elif name == "inductor-layout-opt":
         from torch._inductor import graph
         monkeypatch.delattr(graph, "SUPPORTED_MKLDNN_DEVICES")
+    elif name == "flex-device":
+        from torch.nn.attention import flex_attention
+        monkeypatch.delattr(flex_attention, "_validate_device")
+    elif name == "inductor-flex-cpu-template":
+        from torch._inductor.kernel.flex import flex_attention
+        monkeypatch.delattr(flex_attention, "lower_cpu")
+    elif name == "inductor-flex-dense":
+        import importlib
+        monkeypatch.delattr(importlib.import_module("torch._higher_order_ops.flex_attention"), "sdpa_dense_backward")
     else:
         raise AssertionError(f"no test takes away the target of patch {name!r}")
 
@@ -150,6 +159,38 @@ def test_check_fails_when_the_target_behaves_differently(monkeypatch):
     monkeypatch.setattr(scheduler.BaseSchedulerNode, "is_cpu", lambda self: self.node.device.type == "cpu")
     with pytest.raises(TorchPatchError, match="patch 'inductor-is-cpu': .*get_device"):
         _torch_patches.check("inductor-is-cpu")
+
+
+def test_flex_checks_notice_a_changed_pytorch(monkeypatch):
+    from torch._inductor import lowering
+    from torch.nn.attention import flex_attention
+
+    def accepts_every_device(query, key, value):
+        return None
+
+    monkeypatch.setattr(flex_attention, "_validate_device", accepts_every_device)
+    with pytest.raises(TorchPatchError, match="patch 'flex-device': .*may be unnecessary now"):
+        _torch_patches.check("flex-device")
+    monkeypatch.undo()
+    monkeypatch.setitem(lowering.lowerings, torch.ops.higher_order.flex_attention, lambda *args: None)
+    with pytest.raises(TorchPatchError, match="patch 'inductor-flex-cpu-template': .*no longer is the lowering"):
+        _torch_patches.check("inductor-flex-cpu-template")
+
+
+def test_flex_patches_answer_for_neuron_only():
+    from torch._inductor import compile_fx, lowering
+    from torch._inductor.fx_passes import post_grad
+    from torch.nn.attention import flex_attention
+
+    neuron, cpu = torch.empty(1, 1, 1, 1, device="neuron"), torch.empty(1, 1, 1, 1)
+    assert flex_attention._validate_device(neuron, neuron, neuron) is None
+    with pytest.raises(ValueError, match="only supported on"):
+        flex_attention._validate_device(neuron.to("meta"), neuron.to("meta"), neuron.to("meta"))
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        flex_attention._validate_device(cpu.requires_grad_(), cpu, cpu)
+    assert hasattr(lowering.lowerings[torch.ops.higher_order.flex_attention], "_torchneuron_original")
+    assert compile_fx.post_grad_passes is post_grad.post_grad_passes
+    assert hasattr(post_grad.post_grad_passes, "_torchneuron_original")
 
 
 def test_changed_signature_is_reported(monkeypatch):

@@ -28,6 +28,7 @@ from . import _torch_patches  # noqa: E402
 _torch_patches.apply("set-num-threads")
 _torch_patches.apply("mp-neuron-storage")
 _torch_patches.apply("fake-conv-layout")
+_torch_patches.apply("flex-device")
 
 from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops, get_fused_ops  # noqa: E402
 from .nki import nki_op  # noqa: E402
@@ -35,6 +36,10 @@ from . import compile as _compile  # noqa: E402,F401  (registers torch.compile's
 from . import distributed as _distributed  # noqa: E402
 
 _distributed.register()  # torch.distributed's "neuron" backend
+
+from . import varlen as _varlen  # noqa: E402
+
+_varlen.register()  # torch.nn.attention.varlen's operators on neuron
 
 __all__ = ["get_executed_ops", "get_fallback_ops", "get_fused_ops", "clear_op_tracking", "nki_op"]
 

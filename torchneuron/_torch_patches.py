@@ -41,6 +41,13 @@ patch                                   target
                                         as read by ``decide_layout_opt``
 ``inductor-conv-bias``                  ``torch._inductor.kernel.conv.convolution`` (the lowering of
                                         ``aten.convolution``), for neuron inputs
+``flex-device``                         ``torch.nn.attention.flex_attention._validate_device``,
+                                        for neuron inputs
+``inductor-flex-cpu-template``          the lowering of ``higher_order.flex_attention``: neuron goes
+                                        to the CPU's C++ template (``lower_cpu``)
+``inductor-flex-dense``                 ``torch._inductor.fx_passes.post_grad.post_grad_passes`` (and
+                                        compile_fx's name for it): neuron flex with its logsumexp, and
+                                        its backward, decomposed first
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -57,7 +64,9 @@ extension points, next to the thing it registers.
   config, compile/codegen_config.py) and ``register_device_op_overrides``
   (compile/inductor_device.py), run when Inductor first asks the device module
   for its code generators (``torch.neuron.Scheduling``, device.py);
-  ``torch._functorch.config.patch``, a scoped config change (compile/backend.py).
+  ``torch._functorch.config.patch``, a scoped config change (compile/backend.py);
+* custom operators: ``torch.library.register_kernel`` for ``torch.nn.attention.varlen``'s
+  operators on neuron (varlen.py).
 
 Not a patch either: ``torchneuron-lockin run`` (torchneuron/lockin/redirect.py)
 redirects ``torch.cuda``, ``torch.autocast``, ``torch.amp.GradScaler`` and
@@ -874,3 +883,256 @@ _register(
         "neuron's convolutions are the CPU's oneDNN kernels, which add the bias themselves, as eager neuron "
         "does.",
     check=_check_conv_bias, apply=_apply_conv_bias)
+
+
+# --------------------------------------------------------------------------- flex-device
+
+_FLEX = "torch.nn.attention.flex_attention"
+
+
+def _check_flex_device() -> None:
+    name = "flex-device"
+    flex = _module(name, _FLEX)
+    fn = _require(name, flex, "_validate_device", _FLEX)
+    _require_params(name, fn, f"{_FLEX}._validate_device", ("query", "key", "value"))
+    source = _source(name, fn, f"{_FLEX}._validate_device")
+    if "supported_devices = {" not in source or "FlexAttention is only supported on" not in source:
+        _fail(name, f"{_FLEX}._validate_device no longer refuses devices outside its supported_devices set "
+                    "(the patch may be unnecessary now)")
+    if "_validate_device(query, key, value)" not in _source(name, _require(name, flex, "flex_attention", _FLEX),
+                                                            f"{_FLEX}.flex_attention"):
+        _fail(name, f"{_FLEX}.flex_attention no longer calls _validate_device(query, key, value) by its module name")
+
+
+def _apply_flex_device() -> None:
+    from torch.nn.attention import flex_attention as flex
+
+    def make(original):
+        def _validate_device(query, key, value):
+            if query.device.type == "neuron":
+                return None
+            return original(query, key, value)
+        return _validate_device
+
+    _replace(flex, "_validate_device", make)
+
+
+_register(
+    "flex-device",
+    target=f"{_FLEX}._validate_device (read by name by flex_attention) accepts neuron inputs; other devices "
+           "get the original's answer",
+    why="flex_attention refuses every device outside a fixed set (CUDA, CPU, XPU, HPU, MPS) before it does "
+        "anything device-specific. Its eager path is a math implementation over ordinary operators (run as "
+        "neuron's device operators), its backward too, and compiled graphs lower through Inductor "
+        "(inductor-flex-cpu-template, inductor-flex-dense). The CPU's refusal of backward is not taken over: "
+        "the math backward runs on neuron as any other autograd graph.",
+    check=_check_flex_device, apply=_apply_flex_device)
+
+
+# --------------------------------------------------------------------------- inductor-flex-cpu-template
+
+_FLEX_LOWERING = "torch._inductor.kernel.flex.flex_attention"
+
+
+def _flex_reads_only_output(node) -> bool:
+    """Whether the graph reads only result 0 (the attention output) of flex_attention ``node``."""
+    import operator
+    return all(u.target is operator.getitem and u.args[1] == 0 for u in node.users)
+
+
+def _check_flex_cpu_template() -> None:
+    name = "inductor-flex-cpu-template"
+    low = _module(name, _FLEX_LOWERING)
+    lowering = _module(name, "torch._inductor.lowering")
+    fn = _require(name, low, "flex_attention", _FLEX_LOWERING)
+    if _original(lowering.lowerings.get(torch.ops.higher_order.flex_attention)) is not fn:
+        _fail(name, f"{_FLEX_LOWERING}.flex_attention no longer is the lowering of higher_order.flex_attention")
+    lower_cpu = _require(name, low, "lower_cpu", _FLEX_LOWERING)
+    params = ("query", "key", "value", "subgraph", "block_mask", "scale", "kernel_options",
+              "score_mod_other_buffers", "mask_mod_other_buffers")
+    _require_params(name, fn, f"{_FLEX_LOWERING}.flex_attention", params)
+    _require_params(name, lower_cpu, f"{_FLEX_LOWERING}.lower_cpu", params)
+    if 'if query.get_device().type == "cpu":\n        return lower_cpu(' not in _source(
+            name, fn, f"{_FLEX_LOWERING}.flex_attention"):
+        _fail(name, "the flex_attention lowering no longer hands CPU inputs to lower_cpu (the C++ template) by "
+                    "query.get_device().type == 'cpu'")
+    source = _source(name, lower_cpu, f"{_FLEX_LOWERING}.lower_cpu")
+    if 'if kernel_options["OUTPUT_LOGSUMEXP"]:' not in source or "OUTPUT_MAX" in source:
+        _fail(name, "lower_cpu no longer refuses OUTPUT_LOGSUMEXP (and ignores OUTPUT_MAX): the patch decides "
+                    "by these which graphs the C++ template serves")
+
+
+def _apply_flex_cpu_template() -> None:
+    from torch._inductor import lowering
+    from torch._inductor.kernel.flex import flex_attention as low
+    from torch._inductor.virtualized import V
+
+    original = lowering.lowerings[torch.ops.higher_order.flex_attention]
+    if hasattr(original, _ORIGINAL):
+        return
+
+    def flex_attention(query, key, value, subgraph, block_mask, scale, kernel_options, *args, **kwargs):
+        if query.get_device().type != "neuron":
+            return original(query, key, value, subgraph, block_mask, scale, kernel_options, *args, **kwargs)
+        if not _flex_reads_only_output(V.graph.current_node):
+            raise NotImplementedError(
+                "flex_attention on neuron: a compiled graph that reads its logsumexp (return_lse, or the forward "
+                "of a training step) is computed by the dense decomposition of patch 'inductor-flex-dense', "
+                "which runs among Inductor's post-grad passes; they are turned off (config.use_post_grad_passes)")
+        # the graph reads the output alone: the lse flex computes whenever grad is enabled is not needed
+        options = {**kernel_options, "OUTPUT_LOGSUMEXP": False, "OUTPUT_MAX": False}
+        return low.lower_cpu(query, key, value, subgraph, block_mask, scale, options, *args, **kwargs)
+
+    setattr(flex_attention, _ORIGINAL, original)
+    lowering.lowerings[torch.ops.higher_order.flex_attention] = flex_attention
+
+
+_register(
+    "inductor-flex-cpu-template",
+    target="the lowering of higher_order.flex_attention: neuron inputs whose graph reads only the attention "
+           "output go to lower_cpu, the CPU's C++ template, with the logsumexp and max outputs off",
+    why="the lowering sends device type 'cpu' to the C++ template (and MPS to Metal) and every other device to "
+        "the Triton template, which neuron cannot run; neuron's kernels are the C++ backend's, so neuron takes "
+        "the CPU's template and its kernel runs as a device task. flex computes the logsumexp whenever grad is "
+        "enabled on a non-CPU device, which the template refuses: when the graph does not read it (inference), "
+        "it is turned off; graphs that read it are decomposed before lowering (inductor-flex-dense).",
+    check=_check_flex_cpu_template, apply=_apply_flex_cpu_template)
+
+
+# --------------------------------------------------------------------------- inductor-flex-dense
+
+_POST_GRAD = "torch._inductor.fx_passes.post_grad"
+_POST_GRAD_HOLDERS = (_POST_GRAD, "torch._inductor.compile_fx")
+
+
+def _check_flex_dense() -> None:
+    name = "inductor-flex-dense"
+    hops = _module(name, "torch._higher_order_ops.flex_attention")
+    for attr in ("sdpa_dense", "sdpa_dense_backward"):
+        _require(name, hops, attr, "torch._higher_order_ops.flex_attention")
+    _require_params(name, hops.sdpa_dense, "torch._higher_order_ops.flex_attention.sdpa_dense",
+                    ("query", "key", "value", "score_mod", "block_mask", "scale", "kernel_options",
+                     "score_mod_other_buffers", "mask_mod_other_buffers"))
+    _require_params(name, hops.sdpa_dense_backward, "torch._higher_order_ops.flex_attention.sdpa_dense_backward",
+                    ("query", "key", "value", "out", "logsumexp", "grad_out", "grad_logsumexp", "fw_graph",
+                     "joint_graph", "block_mask", "scale", "kernel_options", "score_mod_other_buffers",
+                     "mask_mod_other_buffers"))
+    post_grad = _module(name, _POST_GRAD)
+    fn = _require(name, post_grad, "post_grad_passes", _POST_GRAD)
+    _require_params(name, fn, f"{_POST_GRAD}.post_grad_passes", ("gm", "is_inference"))
+    for dotted in _POST_GRAD_HOLDERS:
+        if _original(getattr(_module(name, dotted), "post_grad_passes", None)) is not fn:
+            _fail(name, f"{dotted} no longer holds {_POST_GRAD}.post_grad_passes")
+    pm = _module(name, "torch._inductor.pattern_matcher")
+    for attr in ("PatternMatcherPass", "CallFunctionVarArgs", "register_graph_pattern"):
+        _require(name, pm, attr, "torch._inductor.pattern_matcher")
+    _require(name, pm.Match, "replace_by_example", "torch._inductor.pattern_matcher.Match")
+    flex_cpu = _module(name, "torch._inductor.kernel.flex.flex_cpu")
+    _require(name, flex_cpu, "check_cpu_supported", "torch._inductor.kernel.flex.flex_cpu")
+
+
+def _flex_template_serves(node) -> bool:
+    """Whether the C++ template (inductor-flex-cpu-template) lowers flex_attention ``node``."""
+    from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
+
+    query = node.args[0].meta["val"]
+    return (_flex_reads_only_output(node) and check_cpu_supported()
+            and query.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and all(node.args[i].meta["val"].dtype == query.dtype for i in (1, 2)))
+
+
+def _decompose_neuron_flex(gm) -> None:
+    """Replaces neuron flex_attention nodes the C++ template does not serve, and every neuron
+    flex_attention_backward node, by the graph of the operator's own dense implementation."""
+    import torch.fx
+    import torch.utils._pytree as pytree
+    from torch._inductor.pattern_matcher import CallFunctionVarArgs, PatternMatcherPass, register_graph_pattern
+
+    def on_neuron(node) -> bool:
+        val = node.args[0].meta.get("val")
+        return isinstance(val, torch.Tensor) and val.device.type == "neuron"
+
+    hops = importlib.import_module("torch._higher_order_ops.flex_attention")  # the package's name is the operator
+
+    def trace(fn, args):
+        # The dense implementations make 0-dim constants (torch.tensor(-inf)) that tracing keeps as
+        # real tensors held by the graph; the graph they join holds fake ones. As full() they are
+        # operators, lowered like the rest.
+        from torch._inductor.pattern_matcher import fwd_only
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        traced = fwd_only(fn, args, run_functional_passes=False)
+        for n in list(traced.graph.nodes):
+            value = getattr(traced, n.target, None) if n.op == "get_attr" else None
+            if isinstance(value, torch.Tensor) and value.dim() == 0:
+                with traced.graph.inserting_before(n):
+                    with unset_fake_temporarily():  # tracing runs in the graph's fake mode
+                        scalar = value.item()
+                    full = traced.graph.call_function(torch.ops.aten.full.default, ([], scalar),
+                                                      {"dtype": value.dtype, "device": value.device})
+                n.replace_all_uses_with(full)
+                traced.graph.erase_node(n)
+        traced.recompile()
+        return traced
+    graph_pass = PatternMatcherPass()
+    for hop, dense, forward in ((torch.ops.higher_order.flex_attention, hops.sdpa_dense, True),
+                                (torch.ops.higher_order.flex_attention_backward, hops.sdpa_dense_backward, False)):
+        def extra_check(match, forward=forward):
+            node = match.nodes[0]
+            return on_neuron(node) and not (forward and _flex_template_serves(node))
+
+        def replace(match, *args, dense=dense, **kwargs):
+            # score and mask graphs are get_attr nodes: the dense implementation is traced with the
+            # modules themselves, and with fake values for every other node
+            def resolve(a):
+                if isinstance(a, torch.fx.Node) and a.op == "get_attr":
+                    return gm.get_submodule(a.target)
+                return a
+            leaves, spec = pytree.tree_flatten(pytree.tree_map(resolve, (args, kwargs)))
+            where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.fx.Node)]
+
+            def decomposition(*values):
+                filled = list(leaves)
+                for i, v in zip(where, values):
+                    filled[i] = v
+                a, kw = pytree.tree_unflatten(filled, spec)
+                return dense(*a, **kw)
+
+            match.replace_by_example(decomposition, [leaves[i] for i in where], trace_fn=trace)
+
+        register_graph_pattern(CallFunctionVarArgs(hop), extra_check=extra_check, pass_dict=graph_pass)(replace)
+    graph_pass.apply(gm.graph)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def _apply_flex_dense() -> None:
+    post_grad = importlib.import_module(_POST_GRAD)
+    original = post_grad.post_grad_passes
+    if hasattr(original, _ORIGINAL):
+        return
+
+    def post_grad_passes(gm, is_inference):
+        if any(n.op == "call_function" and n.target in (torch.ops.higher_order.flex_attention,
+                                                        torch.ops.higher_order.flex_attention_backward)
+               for n in gm.graph.nodes):
+            _decompose_neuron_flex(gm)
+        return original(gm, is_inference)
+
+    setattr(post_grad_passes, _ORIGINAL, original)
+    for dotted in _POST_GRAD_HOLDERS:
+        importlib.import_module(dotted).post_grad_passes = post_grad_passes
+
+
+_register(
+    "inductor-flex-dense",
+    target=f"{_POST_GRAD}.post_grad_passes (and compile_fx's name for it) first replaces neuron flex_attention "
+           "nodes whose logsumexp the graph reads, and every neuron flex_attention_backward node, by the "
+           "operators' own dense implementations (sdpa_dense, sdpa_dense_backward), traced",
+    why="Inductor's only lowerings of flex_attention with its logsumexp, and of its backward, are Triton "
+        "templates; the CPU's C++ template serves inference alone (PyTorch refuses flex training on the CPU). "
+        "The dense implementations are what eager flex runs (on neuron too); decomposed into ordinary "
+        "operators they are lowered by Inductor like the rest of the graph, into C++ kernels and extern "
+        "matmuls, so compiled training and return_lse work on neuron. Inductor decomposes other higher-order "
+        "operators the same way in its post-grad passes; there is no hook that runs for every compilation.",
+    check=_check_flex_dense, apply=_apply_flex_dense)

@@ -139,6 +139,8 @@ def register() -> None:
     _torch_patches.apply("inductor-scatter-fallback")
     _torch_patches.apply("inductor-layout-opt")
     _torch_patches.apply("inductor-conv-bias")
+    _torch_patches.apply("inductor-flex-cpu-template")
+    _torch_patches.apply("inductor-flex-dense")
     codegen_config.vec_isa = str(pick_vec_isa())  # both part of every cached graph's key
     codegen_config.source_key = _source_key()
     if get_scheduling_for_device("neuron") is None:
