@@ -232,6 +232,9 @@ def _root(node):
 # Dynamo's compile-worker caches of a device interface, which each interface
 # fills for its own device type (as torch's CUDA interface does)
 _DEVICE_INTERFACE_PROTOCOL = {"caching_worker_current_devices", "caching_worker_device_properties"}
+# Dynamo's metric stores, where each backend counts and times under its own key (as Inductor does under
+# "inductor"); the neuron backend's compilation metrics write there as TorchNeuron's do (compile/metrics.py)
+_DYNAMO_METRICS = {"counters", "compilation_time_metrics", "cumulative_time_spent_ns"}
 
 
 def _changes_to_torch(package: pathlib.Path) -> list[str]:
@@ -243,7 +246,7 @@ def _changes_to_torch(package: pathlib.Path) -> list[str]:
         if path.name == "_torch_patches.py":
             continue
         tree = ast.parse(path.read_text())
-        torch_names = _torch_names(tree) - _DEVICE_INTERFACE_PROTOCOL
+        torch_names = _torch_names(tree) - _DEVICE_INTERFACE_PROTOCOL - _DYNAMO_METRICS
         where = path.relative_to(package.parent)
         for node in ast.walk(tree):
             targets = node.targets if isinstance(node, ast.Assign) else \
