@@ -117,7 +117,9 @@ SessionOptions parse_session_options(const std::string& custom_config) {
     const size_t colon = item.find(':');
     if (colon == std::string_view::npos) continue;
     const std::string_view key = trim(item.substr(0, colon)), value = trim(item.substr(colon + 1));
-    const auto bad = [&] { options.problems.push_back(std::string(key) + ": cannot read '" + std::string(value) + "'"); };
+    const auto bad = [&] {
+      options.problems.push_back(std::string(key) + ": cannot read '" + std::string(value) + "'");
+    };
     if (key == "capture_enabled_for_nc") {
       if (auto cores = parse_cores(value)) options.cores = std::move(cores);
       else bad();

@@ -83,7 +83,8 @@ void HostSampler::sample() {
       s.cpu_busy = share(busy[0] - prev_busy_[0], total[0] - prev_total_[0]);
       for (size_t i = 1; i < total.size(); ++i)
         s.cpu_busy_per_cpu.push_back(share(busy[i] - prev_busy_[i], total[i] - prev_total_[i]));
-      s.process_cpus = static_cast<double>(process_ns - prev_process_ns_) / static_cast<double>(s.time_ns - prev_time_ns_);
+      s.process_cpus =
+          static_cast<double>(process_ns - prev_process_ns_) / static_cast<double>(s.time_ns - prev_time_ns_);
     }
     if (baseline || s.has_cpu) {
       prev_busy_ = std::move(busy);
