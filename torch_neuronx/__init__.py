@@ -39,6 +39,8 @@ from ._api import (  # noqa: E402
     trace,
 )
 from . import experimental  # noqa: E402,F401
+from . import profiling  # noqa: E402,F401
+from .profiling import NeuronProfiler  # noqa: E402
 from . import _native  # noqa: E402
 from ._native import *  # noqa: E402,F401,F403
 
@@ -53,6 +55,8 @@ __all__ = [
     "async_load",
     "move_trace_to_device",
     "experimental",
+    "profiling",
+    "NeuronProfiler",
 ] + _native.__all__
 
 

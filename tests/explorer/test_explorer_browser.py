@@ -143,3 +143,29 @@ def test_reports_without_device_rows_load_without_errors(browser, tmp_path, kind
     _show(browser, "timeline")
     rows = browser.execute_script("return neuronExplorer.timelineRows()")
     assert [r["kind"] for r in rows] == (["host"] if kind == "host_only" else [])
+
+
+def test_a_torch_neuronx_profile_shows_its_host_samples_and_account(browser, tmp_path):
+    # torch_neuronx.profiling's additions to a trace: host counters and its account of the capture.
+    from synthetic_device_rows import TraceBuilder
+    b = TraceBuilder()
+    b.op("aten::mm", 10, 20)
+    trace = b.trace()
+    trace["traceEvents"] += [
+        {"ph": "C", "cat": "neuron_host", "name": "host CPU utilisation (%)", "pid": 1, "tid": 0, "ts": 15,
+         "args": {"all": 40.0, "cpu0": 80.0, "cpu1": 0.0}},
+        {"ph": "C", "cat": "neuron_host", "name": "host memory (bytes)", "pid": 1, "tid": 0, "ts": 15,
+         "args": {"used": 3 << 30, "process RSS": 1 << 30}}]
+    trace["neuronProfile"] = {"rank": 1, "modes": ["DEVICE", "CPU_UTIL"], "files": ["trace.json", "cpu_util.json"],
+                              "max_events_per_nc": 10, "dropped_tasks_per_nc": {"0": 4},
+                              "not_produced": {"DEVICE": "no .neff here"}}
+    path = str(tmp_path / "neuron_profile.html")
+    explorer.report(trace, path)
+    browser.get("file://" + path)
+    _show(browser, "summary")
+    assert browser.execute_script("return neuronExplorer.errors") == []
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+    host = browser.execute_script("return document.getElementById('card-host').textContent")
+    account = browser.execute_script("return document.getElementById('card-neuron-profile').textContent")
+    assert "mean 40.0 %" in host and "peak 3.0 GiB, process peak 1.0 GiB" in host
+    assert "DEVICE, CPU_UTIL" in account and "4 (max_events_per_nc 10)" in account and "no .neff here" in account

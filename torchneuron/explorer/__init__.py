@@ -4,16 +4,17 @@ memory, NKI kernels). See docs/explorer.md.
 
     torchneuron.explorer.report(prof, "report.html")      # a torch.profiler.profile
     python -m torchneuron.explorer trace.json -o report.html
+    python -m torchneuron.explorer ./profile_output/<host>_pid_<pid>/<timestamp>   # torch_neuronx.profiling's output
 """
 from __future__ import annotations
 
 import os
 import tempfile
 
-from .analysis import analyze, load_trace
+from .analysis import analyze, find_traces, load_trace, resolve_trace
 from .render import render_html
 
-__all__ = ["analyze", "load_trace", "render_html", "report"]
+__all__ = ["analyze", "find_traces", "load_trace", "render_html", "report"]
 
 
 def _trace_of(source):
@@ -30,12 +31,19 @@ def _trace_of(source):
 
 
 def report(prof_or_trace, path="report.html", *, title=None) -> str:
-    """Write the report of a profiler run, a trace file (.json or .json.gz) or a
-    trace dict to `path`; returns the path."""
+    """Write the report of a profiler run, a trace file (.json or .json.gz), a
+    profile output directory holding one trace, or a trace dict to `path`;
+    returns the path."""
     name = title
+    if isinstance(prof_or_trace, (str, os.PathLike)):
+        prof_or_trace = resolve_trace(prof_or_trace)  # a profile output directory: its one trace
+        if name is None:
+            name = os.path.basename(prof_or_trace)
+            if os.path.basename(prof_or_trace).startswith("trace.json"):
+                # torch_neuronx.profiling's traces all have this name: the session's directories tell them apart.
+                name = os.path.join(*os.path.normpath(prof_or_trace).split(os.sep)[-3:])
     if name is None:
-        name = os.path.basename(os.fspath(prof_or_trace)) if isinstance(prof_or_trace, (str, os.PathLike)) \
-            else "profile"
+        name = "profile"
     html = render_html(analyze(_trace_of(prof_or_trace)), title=f"neuron explorer: {name}")
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)

@@ -73,11 +73,43 @@ BUILTIN_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+>$")
 
 # -- loading ------------------------------------------------------------------
 
+# Framework traces in a profile output directory: torch_neuronx.profiling's
+# (``<dir>/<host>_pid_<pid>/<timestamp>/trace.json``), the name TorchNeuron's
+# troubleshooting guide gives one, and tensorboard_trace_handler's.
+TRACE_NAMES = re.compile(r"^(trace\.json|neuron_framework_trace_rank_\d+\.json|.*\.pt\.trace\.json)(\.gz)?$")
+
+
+def find_traces(directory) -> list:
+    """The framework traces under `directory`, sorted by path."""
+    found = []
+    for root, _, files in os.walk(os.fspath(directory)):
+        found += [os.path.join(root, f) for f in files if TRACE_NAMES.match(f)]
+    return sorted(found)
+
+
+def resolve_trace(source) -> str:
+    """A trace file's path from a file or a profile output directory holding
+    exactly one trace (several: name one; the error lists them)."""
+    path = os.fspath(source)
+    if not os.path.isdir(path):
+        return path
+    traces = find_traces(path)
+    if not traces:
+        raise FileNotFoundError(f"no profiler trace (trace.json, neuron_framework_trace_rank_<N>.json or "
+                                f"*.pt.trace.json) under the directory {path}")
+    if len(traces) > 1:
+        listed = "\n  ".join(traces)
+        raise ValueError(f"the directory {path} holds {len(traces)} traces (one per rank and per trace-ready "
+                         f"call); name one of them, or the directory that holds it:\n  {listed}")
+    return traces[0]
+
+
 def load_trace(source) -> dict:
-    """A trace dict from a path (``.json`` or ``.json.gz``) or a dict (returned as is)."""
+    """A trace dict from a path (``.json`` or ``.json.gz``, or a directory
+    holding one such trace) or a dict (returned as is)."""
     if isinstance(source, dict):
         return source
-    path = os.fspath(source)
+    path = resolve_trace(source)
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as f:
         return json.load(f)
@@ -850,6 +882,9 @@ def analyze(source) -> dict:
         "overlap": overlap, "device_time_us": device_time_total,
         "top_device_ops": top_device_ops, "kinds": kinds, "fused_groups": fused_groups,
         "memory": [{k: v for k, v in d.items() if k not in ("series", "allocations")} for d in memory],
+        "host_samples": _host_samples(tr.raw),
+        # torch_neuronx.profiling's account of the capture: rank, modes, what was and was not produced.
+        "neuron_profile": tr.raw.get("neuronProfile") if isinstance(tr.raw.get("neuronProfile"), dict) else None,
     }
     summary["recommendations"] = recommend(summary)
     return {
@@ -863,6 +898,32 @@ def analyze(source) -> dict:
         "operators": operators, "memory": memory, "nki": _nki(tr.raw),
         "idle_labels": IDLE_CAUSE_LABELS,
     }
+
+
+def _host_samples(trace: dict):
+    """The host's CPU and memory as torch_neuronx.profiling samples them (counter
+    events of category ``neuron_host``), or None without any."""
+    cpu, process, used, rss = [], [], [], []
+    for e in trace.get("traceEvents", ()):
+        if e.get("ph") != "C" or e.get("cat") != "neuron_host":
+            continue
+        args = e.get("args") or {}
+        if e.get("name") == "host CPU utilisation (%)" and "all" in args:
+            cpu.append(float(args["all"]))
+        elif e.get("name") == "process CPU (%)" and "process" in args:
+            process.append(float(args["process"]))
+        elif e.get("name") == "host memory (bytes)":
+            used.append(int(args.get("used", 0)))
+            rss.append(int(args.get("process RSS", 0)))
+    if not cpu and not used:
+        return None
+    out = {"cpu": None, "memory": None}
+    if cpu:
+        out["cpu"] = {"samples": len(cpu), "mean_pct": sum(cpu) / len(cpu), "max_pct": max(cpu),
+                      "process_mean_pct": sum(process) / len(process) if process else None}
+    if used:
+        out["memory"] = {"samples": len(used), "peak_used": max(used), "peak_process_rss": max(rss)}
+    return out
 
 
 # -- recommendations ------------------------------------------------------------------

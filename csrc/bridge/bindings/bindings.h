@@ -19,5 +19,7 @@ void bind_sanitizer(pybind11::module_& m);
 void bind_memcheck(pybind11::module_& m);
 // The NKI emulator's host loops (nki_bindings.cpp).
 void bind_nki(pybind11::module_& m);
+// What the last profiling session kept and sampled (profiler_bindings.cpp).
+void bind_profiler(pybind11::module_& m);
 
 } // namespace torchneuron

@@ -264,4 +264,5 @@ PYBIND11_MODULE(_C, m) {
   bind_sanitizer(m);
   bind_memcheck(m);
   bind_nki(m);
+  bind_profiler(m);
 }

@@ -9,6 +9,10 @@
 // adds the task's time to the operator's device time. Task args name the
 // device, stream, correlation, launching operator, the kind of task (op,
 // fused, compiled, nki, copy) and a fused group's members.
+//
+// The profiler's custom config (parse_session_options) may name the cores to
+// capture, a limit of tasks per core, and host CPU and memory sampling; what a
+// session kept and left out is its report, read by torch_neuronx.profiling.
 #define USE_KINETO 1
 // Kineto's activities format their metadata with fmt, whose compiled part
 // libtorch does not export: compile it here.
@@ -16,10 +20,12 @@
 #include <libkineto.h>
 #include <output_base.h>
 #include <c10/util/ApproximateClock.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
 
 #include <unistd.h>
 
+#include <map>
 #include <set>
 #include <string_view>
 
@@ -52,19 +58,29 @@ std::string json_string(std::string_view s) {
   return out + "\"";
 }
 
+// The host sampler's period: a few of the kernel's clock ticks (its CPU
+// counters' unit), and rare enough that the sampling thread stays out of the
+// profile's way.
+constexpr int64_t kHostSamplePeriodNs = 50'000'000;
+
 class NeuronSession final : public libkineto::IActivityProfilerSession {
  public:
+  explicit NeuronSession(SessionOptions options) : options_(std::move(options)) {}
+
   void start() override {
+    set_last_session_report({});  // what an earlier session reported is not this one's
     start_recording();
+    sampler_.start(options_.cpu_util, options_.host_memory, kHostSamplePeriodNs);
     buffer_->span.startTime = c10::getTime();
     status_ = libkineto::TraceStatus::RECORDING;
   }
   void stop() override {
     tasks_ = stop_recording();
+    samples_ = sampler_.stop();
     buffer_->span.endTime = c10::getTime();
     status_ = libkineto::TraceStatus::PROCESSING;
   }
-  std::vector<std::string> errors() override { return {}; }
+  std::vector<std::string> errors() override { return options_.problems; }
 
   void processTrace(libkineto::ActivityLogger& logger) override {
     processTrace(logger, [](int32_t) -> const libkineto::ITraceActivity* { return nullptr; }, 0, 0);  // no window
@@ -75,10 +91,56 @@ class NeuronSession final : public libkineto::IActivityProfilerSession {
   void processTrace(libkineto::ActivityLogger& logger, libkineto::getLinkedActivityCallback linked_op,
                     int64_t window_start, int64_t window_end) override {
     const int32_t pid = static_cast<int32_t>(::getpid());
+    const auto in_window = [&](int64_t t) {
+      return !(window_start > 0 && t < window_start) && !(window_end > 0 && t > window_end);
+    };
+    // capture_enabled_for_nc leaves other cores out; max_events_per_nc keeps
+    // each core's newest tasks (the runtime's trace buffer drops its oldest).
+    SessionReport report;
+    report.valid = true;
+    report.cpu_util = options_.cpu_util;
+    report.host_memory = options_.host_memory;
+    report.problems = options_.problems;
+    std::map<int, uint64_t> to_drop;
+    for (const DeviceActivity& t : tasks_) {
+      if (is_marker(t.name) || !in_window(t.queued_ns)) continue;
+      if (options_.cores && !options_.cores->count(t.device)) {
+        ++report.other_cores;
+        continue;
+      }
+      ++report.kept[t.device];
+    }
+    if (options_.max_events_per_core > 0) {
+      for (auto& [device, n] : report.kept) {
+        if (n <= options_.max_events_per_core) continue;
+        to_drop[device] = n - options_.max_events_per_core;
+        report.dropped[device] = n - options_.max_events_per_core;
+        n = options_.max_events_per_core;
+      }
+    }
+    // A sample covers the period since the one before it: those whose period
+    // meets the window, so a window shorter than the period still has one.
+    for (size_t i = 0; i < samples_.size(); ++i) {
+      const bool after_start = !(window_start > 0 && samples_[i].time_ns < window_start);
+      const bool before_end = i == 0 ? in_window(samples_[i].time_ns)
+                                     : !(window_end > 0 && samples_[i - 1].time_ns > window_end);
+      if (after_start && before_end) report.samples.push_back(samples_[i]);
+    }
+    uint64_t dropped = 0;
+    for (const auto& [device, n] : report.dropped) dropped += n;
+    if (dropped > 0)
+      TORCH_WARN("neuron profiler: ", dropped, " device tasks were dropped (max_events_per_nc=",
+                 options_.max_events_per_core, " per NeuronCore; the oldest are left out)");
+    set_last_session_report(std::move(report));
+
     int32_t next_id = 1;
     for (const DeviceActivity& t : tasks_) {
-      if (is_marker(t.name)) continue;
-      if ((window_start > 0 && t.queued_ns < window_start) || (window_end > 0 && t.queued_ns > window_end)) continue;
+      if (is_marker(t.name) || !in_window(t.queued_ns)) continue;
+      if (options_.cores && !options_.cores->count(t.device)) continue;
+      if (auto drop = to_drop.find(t.device); drop != to_drop.end() && drop->second > 0) {
+        --drop->second;
+        continue;
+      }
       const int32_t id = next_id++;
       const libkineto::ITraceActivity* op = t.launcher_tag ? linked_op(static_cast<int32_t>(t.launcher_tag)) : nullptr;
       const std::string_view kind = kind_of(t.name);
@@ -154,7 +216,10 @@ class NeuronSession final : public libkineto::IActivityProfilerSession {
     return *buffer_->activities.back();
   }
 
+  SessionOptions options_;
+  HostSampler sampler_;
   std::vector<DeviceActivity> tasks_;
+  std::vector<HostSample> samples_;
   std::set<std::pair<int, int>> rows_;  // (device, stream) with tasks
   std::unique_ptr<libkineto::CpuTraceBuffer> buffer_ = std::make_unique<libkineto::CpuTraceBuffer>();
 };
@@ -164,12 +229,12 @@ class NeuronProfiler final : public libkineto::IActivityProfiler {
   const std::string& name() const override { return name_; }
   const std::set<ActivityType>& availableActivities() const override { return activities_; }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(const std::set<ActivityType>& requested,
-                                                                 const libkineto::Config&) override {
+                                                                 const libkineto::Config& config) override {
     // A session that asks for no device activity costs nothing. (PyTorch asks
     // for the PrivateUse1 runtime types in CPU-only sessions too; kernels and
     // copies come only with ProfilerActivity.NEURON.)
     if (requested.count(ActivityType::CONCURRENT_KERNEL) || requested.count(ActivityType::GPU_MEMCPY))
-      return std::make_unique<NeuronSession>();
+      return std::make_unique<NeuronSession>(parse_session_options(config.getCustomConfig()));
     return nullptr;
   }
   std::unique_ptr<libkineto::IActivityProfilerSession> configure(int64_t, int64_t,

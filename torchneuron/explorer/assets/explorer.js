@@ -225,6 +225,25 @@
         (m.peak_reserved > 0 ? ", fragmentation " + pct(m.fragmentation) : "") })));
     grid.appendChild(mem);
 
+    const hs = SUM.host_samples;
+    if (hs) {
+      const rows = [];
+      if (hs.cpu) rows.push(el("dt", { text: "host CPU busy" }), el("dd", { text: "mean " + hs.cpu.mean_pct.toFixed(1) + " %, max " + hs.cpu.max_pct.toFixed(1) + " % (" + hs.cpu.samples + " samples)" }));
+      if (hs.cpu && hs.cpu.process_mean_pct !== null) rows.push(el("dt", { text: "this process" }), el("dd", { text: "mean " + hs.cpu.process_mean_pct.toFixed(1) + " % of one CPU" }));
+      if (hs.memory) rows.push(el("dt", { text: "host memory used" }), el("dd", { text: "peak " + fmtBytes(hs.memory.peak_used) + ", process peak " + fmtBytes(hs.memory.peak_process_rss) }));
+      grid.appendChild(el("div", { class: "card", id: "card-host" }, el("h2", { text: "Host (sampled)" }), el("dl", { class: "kv" }, rows)));
+    }
+    const np = SUM.neuron_profile;
+    if (np) {
+      const rows = [el("dt", { text: "rank" }), el("dd", { text: String(np.rank) }),
+        el("dt", { text: "modes" }), el("dd", { text: (np.modes || []).join(", ") }),
+        el("dt", { text: "files" }), el("dd", { text: (np.files || []).join(", ") })];
+      const dropped = Object.values(np.dropped_tasks_per_nc || {}).reduce((a, b) => a + b, 0);
+      if (dropped) rows.push(el("dt", { text: "dropped tasks" }), el("dd", { text: dropped + " (max_events_per_nc " + np.max_events_per_nc + ")" }));
+      for (const [mode, why] of Object.entries(np.not_produced || {})) rows.push(el("dt", { text: "not produced: " + mode }), el("dd", { text: why }));
+      grid.appendChild(el("div", { class: "card", id: "card-neuron-profile" }, el("h2", { text: "Neuron profile" }), el("dl", { class: "kv" }, rows)));
+    }
+
     if (SUM.sync_sites.length) {
       grid.appendChild(el("div", { class: "card", id: "card-sync" }, el("h2", { text: "Synchronising calls" }),
         el("table", {}, el("thead", {}, el("tr", {}, ["call", "where", "calls", "device idle", "host time"].map((h) => el("th", { text: h })))),
