@@ -59,6 +59,28 @@ def test_upstream_imports_run_unchanged(tmp_path):
     assert r.stdout.strip() == "ok"
 
 
+def test_import_nki_finds_the_emulator_unless_nki_is_installed(tmp_path):
+    """TorchNeuron programs `import nki` with no opt-in: answered by this package (the same module objects,
+    no second copy of a submodule), unless an installed nki exists, which wins."""
+    code = textwrap.dedent("""
+        import torch, sys
+        import nki, nki.language as nl, nki.isa as nisa
+        import torchneuron.nki as tn
+        print(nki is tn and nl is tn.language and nisa is tn.isa and nl.__name__ == "torchneuron.nki.language",
+              getattr(nki, "REAL", False))
+    """)
+    env = {"PYTHONPATH": ":".join(sys.path)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["True", "False"], r.stderr
+    (tmp_path / "nki").mkdir()
+    (tmp_path / "nki" / "__init__.py").write_text("REAL = True\n")
+    (tmp_path / "nki" / "language.py").write_text("")
+    (tmp_path / "nki" / "isa.py").write_text("")
+    env = {"PYTHONPATH": ":".join([str(tmp_path), *sys.path])}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0 and r.stdout.split() == ["False", "True"], r.stderr
+
+
 @nki.jit
 def isa_tour(x, y):
     out = nl.ndarray((9, x.shape[0], x.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)

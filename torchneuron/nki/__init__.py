@@ -12,12 +12,15 @@ See docs/nki.md.  The emulator itself runs on NumPy only; the torch side
 """
 from . import compiler, isa, language, typing  # noqa: F401  (submodules are part of the API)
 from .bench import benchmark, profile
-from .import_names import install_import_aliases, uninstall_import_aliases
+from .import_names import answer_nki_when_not_installed, install_import_aliases, uninstall_import_aliases
 from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
 from .jit import Kernel, baremetal, jit, register_adapter, run_on_host_buffers, simulate, simulate_kernel
 from .machine import MACHINES, TARGETS, Buffer, Machine, TileSize, get_machine, set_machine
 from .perf import estimate, timeline
 from .tensor import NkiTensor
+
+# ``import nki``, as TorchNeuron programs write it, finds this package when no nki is installed.
+answer_nki_when_not_installed()
 
 # upstream's beta-1 name of the tensor type (``def kernel(x: nki.tensor)``)
 tensor = NkiTensor

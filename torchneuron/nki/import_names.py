@@ -10,6 +10,7 @@ are added; torch is imported when a ``torch_xla`` function is first called.
 """
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -122,3 +123,48 @@ def uninstall_import_aliases():
                 del sys.modules[key]
         elif key in _XLA and getattr(mod, "_torchneuron_alias", False):
             del sys.modules[key]
+
+
+class _NkiFinder:
+    """Answers ``import nki`` (and its submodules) with this emulator when no installed
+    ``nki`` exists. TorchNeuron programs import ``nki`` (AWS's package, a dependency of
+    TorchNeuron); here it never shadows a real one. Submodules are answered too, so that
+    ``nki.language`` is this package's module, not a second copy loaded from its path."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "nki":
+            installed = importlib.machinery.PathFinder.find_spec(name)
+            if installed is not None and installed.loader is not None:
+                return None  # an installed nki (a bare directory named nki, a namespace package, is not one)
+            module = sys.modules["torchneuron.nki"]
+        elif name.startswith("nki.") and name[4:] in _SUBMODULES and sys.modules.get("nki") is sys.modules.get(
+                "torchneuron.nki"):
+            module = importlib.import_module("torchneuron.nki." + name[4:])
+        else:
+            return None
+        return importlib.util.spec_from_loader(name, _Existing(module), is_package=name == "nki")
+
+
+class _Existing:
+    """A loader whose module is one already imported under its own name; it keeps that
+    module's own name, spec and paths (the import system sets the alias's while loading)."""
+
+    _ATTRS = ("__name__", "__spec__", "__loader__", "__package__", "__path__", "__file__", "__cached__")
+
+    def __init__(self, module):
+        self.module = module
+        self.attrs = {a: getattr(module, a) for a in self._ATTRS if hasattr(module, a)}
+
+    def create_module(self, spec):
+        return self.module
+
+    def exec_module(self, module):
+        for a, v in self.attrs.items():
+            setattr(module, a, v)
+
+
+def answer_nki_when_not_installed() -> None:
+    """Puts the finder of the name ``nki`` first in ``sys.meta_path`` (idempotent)."""
+    if _NkiFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _NkiFinder)
