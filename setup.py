@@ -19,7 +19,8 @@ setup(
     license_files=["LICENSE"],
     # torch_neuronx: AWS's import name for TorchNeuron, which Hugging Face
     # libraries look for (torch_neuronx/__init__.py); it imports torchneuron.
-    packages=find_packages(include=["torchneuron", "torchneuron.*", "torch_neuronx", "torch_neuronx.*"]),
+    # nki: the import name of the NKI language in TorchNeuron programs (nki/__init__.py).
+    packages=find_packages(include=["torchneuron", "torchneuron.*", "torch_neuronx", "torch_neuronx.*", "nki"]),
     # The explorer's report template, stylesheet and script (torchneuron/explorer/render.py).
     package_data={"torchneuron": ["py.typed", "explorer/assets/*"]},
     # scripts/setup_env.sh builds the extension in place (incremental ninja

@@ -60,15 +60,15 @@ fi
 echo "[setup] building the extension"
 scripts/build.sh
 
-# Registered = the autoload entry point and the torchneuron-lockin command exist and both top-level packages
-# (torchneuron, torch_neuronx) resolve into this checkout; -P keeps the current
+# Registered = the autoload entry point and the torchneuron-lockin command exist and the top-level packages
+# (torchneuron, torch_neuronx, nki) resolve into this checkout; -P keeps the current
 # directory off sys.path, so only the installed mapping answers.
 if ! TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv/bin/python -P -c "
 import importlib.metadata as m, importlib.util as u, os, sys
 here = os.path.realpath(sys.argv[1])
 ok = any(e.name == 'torchneuron' for e in m.entry_points(group='torch.backends'))
 ok = ok and any(e.name == 'torchneuron-lockin' for e in m.entry_points(group='console_scripts'))
-for name in ('torchneuron', 'torch_neuronx'):
+for name in ('torchneuron', 'torch_neuronx', 'nki'):
     spec = u.find_spec(name)
     ok = ok and spec is not None and os.path.realpath(spec.origin).startswith(here + os.sep)
 sys.exit(0 if ok else 1)" "$PWD"; then
