@@ -12,12 +12,31 @@ NATIVE = ["synchronize", "device_count", "current_device", "set_device", "get_de
           "default_stream", "set_stream", "memory_stats", "memory_allocated", "max_memory_allocated",
           "memory_reserved", "max_memory_reserved", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
           "memory_summary", "empty_cache", "get_fallback_ops", "get_executed_ops", "clear_op_tracking", "nki_op",
-          "wrap_nki"]
+          "wrap_nki", "get_dynamo_metrics", "reset_dynamo_metrics", "neuron_dynamo_backend", "profiling",
+          "NeuronProfiler"]
+BACKEND = ["neuron_backend", "create_neuron_backend", "set_model_name", "get_model_name", "NeuronCompileError",
+           "NeuronCompilationMetrics"]
+PROFILING = ["NeuronConfig", "ProfileMode", "NeuronProfiler"]
 
 
 @pytest.mark.parametrize("name", NATIVE)
 def test_every_native_name_exists(name):
     assert hasattr(torch_neuronx, name) and name in torch_neuronx.__all__
+
+
+def test_every_name_of_the_submodules_exists():
+    assert [n for n in BACKEND if not hasattr(torch_neuronx.neuron_dynamo_backend, n)] == []
+    assert [n for n in PROFILING if not hasattr(torch_neuronx.profiling, n)] == []
+
+
+def test_docs_table_answers_every_public_name():
+    """docs/torchneuron.md says how this device answers each name torch_neuronx exports."""
+    import pathlib
+
+    text = (pathlib.Path(__file__).parents[1] / "docs" / "torchneuron.md").read_text()
+    missing = [n for n in (*torch_neuronx.__all__, *BACKEND, *PROFILING)
+               if n != "__version__" and f"`{n}" not in text and f"{n}(" not in text and f".{n}" not in text]
+    assert missing == []
 
 
 def test_device_stream_and_memory_functions_are_the_devices():
