@@ -6,7 +6,6 @@ Python face of both, mostly through ``torch.accelerator``.
 """
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -397,7 +396,9 @@ from . import amp, random  # noqa: E402  (torch.neuron.amp and torch.neuron.rand
 
 
 def _is_launch_blocking() -> bool:
-    return os.environ.get("NEURON_LAUNCH_BLOCKING") == "1"
+    from . import environment
+
+    return environment.flag("NEURON_LAUNCH_BLOCKING")
 
 
 # ---------------------------------------------------------------- Inductor
