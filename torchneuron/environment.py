@@ -519,7 +519,7 @@ def check(environ: dict[str, str] | None = None) -> None:
         if not known(name):
             if name.startswith(_WATCHED):
                 warnings.warn(f"{name} is set but is not a variable TorchNeuron or torchneuron knows; it has no "
-                              f"effect{_suggestion(name)}", stacklevel=3)
+                              f"effect{_suggestion(name)}", stacklevel=2)
             continue
         var = variable(name)
         # The runtime checks its own at the first device use, and the tests theirs.
@@ -528,7 +528,7 @@ def check(environ: dict[str, str] | None = None) -> None:
         found.append((name, text, var))
     if environ.get("NEURON_RT_VISIBLE_CORES") and environ.get("NEURON_RT_NUM_CORES", "0").strip() not in ("", "0"):
         warnings.warn("NEURON_RT_NUM_CORES is ignored: NEURON_RT_VISIBLE_CORES is set and takes precedence, as on "
-                      "the Neuron runtime", stacklevel=3)
+                      "the Neuron runtime", stacklevel=2)
     _configure_logging()
     log = logger()
     for name, text, var in found:
