@@ -21,10 +21,12 @@ def test_device_module_basics():
     assert torch.neuron.device_count() == 2  # default NEURON_RT_VISIBLE_CORES
     props = torch.neuron.get_device_properties(0)
     assert props.name == torch.neuron.get_device_name(0) == "NeuronCore-v3 (emulated)"  # Trainium2, the default
-    assert props.cores_per_device == 8
-    # Trainium2's 96 GiB of HBM over 8 cores, unless a core's share of half the host's memory is less
+    # Trainium2 runs LNC=2 by default: a device is a logical core of 2 physical ones, 4 per Trainium2 device
+    assert props.cores_per_device == 4 and props.logical_nc_config == 2
+    # Trainium2's 96 GiB of HBM over 8 physical cores, 2 of them per device, unless a core's share of half
+    # the host's memory is less
     host_share = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2 // torch.neuron.device_count()
-    assert props.total_memory == min(12 << 30, host_share)
+    assert props.total_memory == min(24 << 30, host_share)
     torch.neuron.init()
     assert torch.neuron.is_initialized()
 
@@ -97,7 +99,7 @@ BAD_SETTINGS = [
     ("NEURON_RT_VISIBLE_CORES", "0-64", "65 cores listed, at most 64 are supported"),
     ("NEURON_RT_VISIBLE_CORES", "200", "core id 200 is above 127"),
     ("NEURON_RT_VISIBLE_CORES", "two", "expected core ids"),
-    ("NEURON_LAUNCH_BLOCKING", "yes", "expected 1 (on) or 0 (off)"),
+    ("NEURON_LAUNCH_BLOCKING", "yes", "expected 1 or true (on), 0 or false (off)"),
     ("TORCHNEURON_EXIT_TIMEOUT", "soon", "expected seconds"),
     ("TORCHNEURON_EXIT_TIMEOUT", "-1", "expected seconds"),
 ]
@@ -417,9 +419,11 @@ def test_stream_context_like_torch_cuda():
         torch.neuron.set_device(0)
 
 
-@pytest.mark.parametrize("machine, name, cores, hbm_gib", [("trn3", "NeuronCore-v4", 8, 18), ("trn1", "NeuronCore-v2", 2, 16)])
+# At the machine's default LNC (2 on trn3, 1 on trn1): logical cores per device and HBM per logical core.
+@pytest.mark.parametrize("machine, name, cores, hbm_gib", [("trn3", "NeuronCore-v4", 4, 36), ("trn1", "NeuronCore-v2", 2, 16)])
 def test_machine_model_sets_the_device_properties(machine, name, cores, hbm_gib):
-    """TORCHNEURON_MACHINE, which the NKI emulator reads too, names the devices and sizes their memory."""
+    """TORCHNEURON_MACHINE, which the NKI emulator reads too, names the devices and sizes their memory
+    (tests/test_environment.py varies the LNC)."""
     r = run_python("import torch; p = torch.neuron.get_device_properties(0); "
                    "print(p.name, p.cores_per_device, p.total_memory, torch.neuron.get_device_capability(0))",
                    env={"TORCHNEURON_MACHINE": machine})

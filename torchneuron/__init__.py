@@ -16,6 +16,13 @@ def _autoload():
 
 import torch  # noqa: E402
 
+from . import environment as _environment  # noqa: E402
+
+# Every TORCH_NEURONX_*/NEURON_* setting at start-up: a malformed one read in Python
+# fails the import, naming it; an unknown name warns (the runtime checks its own
+# at the first device use).
+_environment.check()
+
 from . import _C  # the C++ bridge: registers guard, hooks, allocator, kernels
 
 _C._device_tanh()  # reads TORCHNEURON_DEVICE_TANH at start-up: a malformed value fails here, naming it

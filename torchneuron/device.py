@@ -6,7 +6,6 @@ Python face of both, mostly through ``torch.accelerator``.
 """
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -95,7 +94,11 @@ class _DeviceProperties:
     core_id: int
     major: int  # the NeuronCore generation (get_device_capability)
     minor: int
-    cores_per_device: int  # NeuronCores per Trainium device of the machine model (TORCHNEURON_MACHINE)
+    # logical NeuronCores per Trainium device: the machine model's (TORCHNEURON_MACHINE)
+    # physical cores over the LNC, as a Trainium2 device exposes 4 logical cores at LNC=2
+    cores_per_device: int
+    # physical NeuronCores this device (a logical core) groups: NEURON_LOGICAL_NC_CONFIG
+    logical_nc_config: int = 1
     type: str = "neuron"
 
 
@@ -112,12 +115,12 @@ def get_device_properties(device: Any = None) -> _DeviceProperties:
     index = _index(device)
     if index < 0 or index >= device_count():
         raise AssertionError("Invalid device id")
-    name, total, core, cores_per_device = _C._device_properties(index)
+    name, total, core, cores_per_device, lnc = _C._device_properties(index)
     generation = _GENERATION.match(name)
     if generation is None:
         raise RuntimeError(f"the device name {name!r} does not name a NeuronCore generation")
     return _DeviceProperties(name=name, total_memory=total, core_id=core, major=int(generation.group(1)), minor=0,
-                             cores_per_device=cores_per_device)
+                             cores_per_device=cores_per_device, logical_nc_config=lnc)
 
 
 def get_device_capability(device: Any = None) -> tuple[int, int]:
@@ -393,7 +396,9 @@ from . import amp, random  # noqa: E402  (torch.neuron.amp and torch.neuron.rand
 
 
 def _is_launch_blocking() -> bool:
-    return os.environ.get("NEURON_LAUNCH_BLOCKING") == "1"
+    from . import environment
+
+    return environment.flag("NEURON_LAUNCH_BLOCKING")
 
 
 # ---------------------------------------------------------------- Inductor

@@ -223,7 +223,8 @@ struct Runtime {
     for (size_t i = 0; i < config.visible_cores.size(); ++i) {
       DeviceProperties p;
       p.name = config.machine.core_name + " (emulated)";
-      p.cores_per_device = config.machine.cores_per_device;
+      p.cores_per_device = config.machine.cores_per_device / config.lnc;
+      p.lnc = config.lnc;
       p.index = static_cast<int>(i);
       p.core_id = config.visible_cores[i];
       p.total_memory = config.hbm_bytes;
@@ -269,6 +270,12 @@ void init() {
 const Config& config() {
   init();
   return the_runtime().config;
+}
+
+const Config& read_config() {
+  Runtime& rt = the_runtime();
+  if (rt.config_error) throw *rt.config_error;
+  return rt.config;
 }
 
 Device& device(int index) {

@@ -21,9 +21,10 @@ namespace torchneuron::runtime {
 
 struct DeviceProperties {
   std::string name;    // "NeuronCore-v3 (emulated)": the machine model's core
-  int cores_per_device = 0;  // of the machine model: NeuronCores per Trainium device
-  int index = 0;       // logical index, as PyTorch numbers devices
-  int core_id = 0;     // physical core from NEURON_RT_VISIBLE_CORES
+  int cores_per_device = 0;  // logical NeuronCores per Trainium device: the machine's over the LNC
+  int lnc = 1;         // physical NeuronCores this logical core groups (NEURON_LOGICAL_NC_CONFIG)
+  int index = 0;       // index as PyTorch numbers devices
+  int core_id = 0;     // logical core id from NEURON_RT_VISIBLE_CORES
   size_t total_memory = 0;
 };
 
@@ -134,6 +135,9 @@ void init();
 bool in_bad_fork() noexcept;
 Device& device(int index);
 const Config& config();
+// The configuration without initialising the runtime (a fork after it is no
+// error); throws the ConfigError as init() does.
+const Config& read_config();
 void set_task_observer(TaskObserver observer);
 
 } // namespace torchneuron::runtime

@@ -160,7 +160,22 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_properties", [](int index) {
     check_device_index(index);
     const auto& p = rt::device(index).properties();
-    return py::make_tuple(p.name, p.total_memory, p.core_id, p.cores_per_device);
+    return py::make_tuple(p.name, p.total_memory, p.core_id, p.cores_per_device, p.lnc);
+  });
+  // The runtime's reading of its settings (torchneuron/environment.py): raises
+  // the configuration error, without initialising the devices.
+  m.def("_runtime_config", [] {
+    const rt::Config& c = rt::read_config();
+    py::dict out;
+    out["machine"] = c.machine.key;
+    out["lnc"] = c.lnc;
+    out["visible_cores"] = c.visible_cores;
+    out["num_cores"] = c.num_cores;
+    out["hbm_bytes"] = c.hbm_bytes;
+    out["hbm_bytes_per_logical_core"] = c.machine.hbm_bytes_per_core * static_cast<size_t>(c.lnc);
+    out["instance_logical_cores"] = rt::kInstanceCores / c.lnc;
+    out["launch_blocking"] = c.launch_blocking;
+    return out;
   });
   m.def("_utilization", [](int index) {
     check_device_index(index);

@@ -92,9 +92,44 @@ TEST(durations) {
 
 TEST(on_off_settings) {
   CHECK(parse_flag("X", "1") && !parse_flag("X", "0") && !parse_flag("X", ""));
-  for (const char* bad : {"yes", "true", "2", " 1"})
+  // the Neuron runtime's booleans: 0, 1, false, true in any case
+  CHECK(parse_flag("X", "true") && parse_flag("X", "TRUE") && !parse_flag("X", "False"));
+  for (const char* bad : {"yes", "on", "2", " 1", "truee"})
     CHECK(contains(expect_throw<ConfigError>([&] { parse_flag("NEURON_LAUNCH_BLOCKING", bad); }),
                    "NEURON_LAUNCH_BLOCKING='"));
+}
+
+TEST(logical_core_size) {
+  const Machine trn2 = parse_machine("trn2"), trn3 = parse_machine("trn3"), trn1 = parse_machine("trn1");
+  CHECK(trn2.default_lnc == 2 && trn3.default_lnc == 2 && trn1.default_lnc == 1);
+  CHECK(parse_lnc("NEURON_LOGICAL_NC_CONFIG", "1", trn2) == 1 && parse_lnc("NEURON_LOGICAL_NC_CONFIG", "2", trn3) == 2);
+  for (const char* bad : {"3", "0", "", "two", " 2", "2.0"})
+    CHECK(contains(expect_throw<ConfigError>([&] { parse_lnc("NEURON_LOGICAL_NC_CONFIG", bad, trn2); }),
+                   "expected 1 or 2"));
+  CHECK(contains(expect_throw<ConfigError>([&] { parse_lnc("NEURON_LOGICAL_NC_CONFIG", "2", trn1); }),
+                 "NEURON_LOGICAL_NC_CONFIG='2' is invalid: trn1 (NeuronCore-v2) supports only 1"));
+  // unset: the machine's; one name or the other; both alike; both different is an error naming both
+  CHECK(resolve_lnc(nullptr, nullptr, trn2) == 2 && resolve_lnc("", "", trn1) == 1);
+  CHECK(resolve_lnc("1", nullptr, trn2) == 1 && resolve_lnc(nullptr, "1", trn2) == 1 && resolve_lnc("1", "1", trn3) == 1);
+  auto msg = expect_throw<ConfigError>([&] { resolve_lnc("2", "1", trn2); });
+  CHECK(contains(msg, "NEURON_RT_VIRTUAL_CORE_SIZE='1' is invalid") && contains(msg, "NEURON_LOGICAL_NC_CONFIG='2'"));
+  CHECK(contains(expect_throw<ConfigError>([&] { resolve_lnc(nullptr, "4", trn2); }),
+                 "NEURON_RT_VIRTUAL_CORE_SIZE='4' is invalid"));
+}
+
+TEST(core_count_and_logical_core_ids) {
+  CHECK(parse_num_cores("4", 2) == 4 && parse_num_cores("0", 2) == 0 && parse_num_cores("64", 2) == 64);
+  for (const char* bad : {"abc", "", "-1", "4 ", "1.5"})
+    CHECK(contains(expect_throw<ConfigError>([&] { parse_num_cores(bad, 2); }), "expected a whole number"));
+  // 64 logical cores at LNC=2 (128 physical), 128 at LNC=1 of which a process takes at most kMaxDevices
+  CHECK(contains(expect_throw<ConfigError>([] { parse_num_cores("65", 2); }),
+                 "65 cores requested, the emulated instance has 64 logical NeuronCores at NEURON_LOGICAL_NC_CONFIG=2"));
+  CHECK(contains(expect_throw<ConfigError>([] { parse_num_cores("65", 1); }), "at most 64 are supported"));
+  CHECK(contains(expect_throw<ConfigError>([] { parse_num_cores("129", 1); }), "has 128 logical NeuronCores"));
+  check_visible_cores("60-63", {60, 61, 62, 63}, 2);
+  check_visible_cores("100", {100}, 1);
+  CHECK(contains(expect_throw<ConfigError>([] { check_visible_cores("64", {64}, 2); }),
+                 "NEURON_RT_VISIBLE_CORES='64' is invalid: core id 64 is above 63"));
 }
 
 TEST(byte_sizes) {
