@@ -154,8 +154,8 @@ def test_flag_and_value(monkeypatch):
     for text, on in (("1", True), ("TRUE", True), ("false", False), ("0", False), ("", False)):
         monkeypatch.setenv(name, text)
         assert environment.flag(name) is on, text
-    monkeypatch.setenv(name, "yes")
-    with pytest.raises(ConfigError, match=f"{name}='yes' is invalid: expected 1 or true"):
+    monkeypatch.setenv(name, "maybe")
+    with pytest.raises(ConfigError, match=f"{name}='maybe' is invalid: expected 1, true or yes"):
         environment.flag(name)
     assert environment.flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION") is True  # its documented default
     monkeypatch.delenv("TORCH_NEURONX_DEBUG_DIR", raising=False)
@@ -189,7 +189,7 @@ def test_an_unknown_variable_warns_once_naming_it_and_the_closest_known_one():
 
 
 @pytest.mark.parametrize("name, text, expected", [
-    ("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "yes", "expected 1 or true (on), 0 or false (off)"),
+    ("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "maybe", "expected 1, true or yes (on), 0, false or no (off)"),
     ("TORCH_NEURONX_LOG_LEVEL", "7", "expected 0 (errors), 1 (warnings), 2 (info), 3 (debug)"),
     ("NEURON_RT_INSPECT_DEVICE_PROFILE", "all", "expected one of 0, 1, model, session"),
     ("COLLECTIVE_MIN_BUCKETS", "many", "expected a whole number from 0"),

@@ -46,14 +46,15 @@ class Parser:
 
 
 class Flag(Parser):
-    # As the Neuron runtime reads its booleans: 0, 1, false, true, in any case.
-    expected = "1 or true (on), 0 or false (off)"
+    # As the Neuron runtime reads its booleans (0, 1, false, true) and TorchNeuron's
+    # compile settings theirs (also yes, no), in any case.
+    expected = "1, true or yes (on), 0, false or no (off)"
 
     def parse(self, text):
         t = text.strip().lower()
-        if t in ("1", "true"):
+        if t in ("1", "true", "yes"):
             return True
-        if t in ("0", "false"):
+        if t in ("0", "false", "no"):
             return False
         raise ValueError
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from . import inputs, metrics, settings
+from .. import environment
+from . import inputs, metrics
 
 # Inductor config for each mode. CUDA graphs do not exist here:
 # "reduce-overhead" records and replays each graph's device tasks instead
@@ -85,7 +86,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
     gm._neuron_graph_id = next(_graph_ids)
     stats["graphs"] += 1
     options = dict(options or {})
-    fallback = bool(options.pop("fallback_execution", settings.fallback_execution()))
+    fallback = bool(options.pop("fallback_execution",
+                                not environment.flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")))
     allow_cpu = bool(options.pop("allow_cpu_inputs", False))
     model_name = str(options.pop("model_name", None) or metrics.get_model_name())
     mode = mode or "default"
@@ -94,10 +96,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
                                  f"expected one of {', '.join(MODES)}")
     config_patches = {**MODES[mode], **options}
     moved = [] if allow_cpu else inputs.cpu_inputs(example_inputs)
-    if moved and not settings.cpu_autocopy():
+    if moved and environment.flag("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY"):
         _refuse_cpu_input(gm, example_inputs, moved[0])
     device = torch.device("neuron", torch.neuron.current_device())
-    to_host = bool(moved) and settings.retain_device() and all(
+    to_host = bool(moved) and environment.flag("TORCH_NEURONX_RETAIN_DEVICE_MODE") and all(
         t.device.type == "cpu" for t in example_inputs if isinstance(t, torch.Tensor))
     example_inputs = inputs.to_device(example_inputs, moved, device)
     try:

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from . import settings
+from .. import environment
 
 _lock = threading.Lock()
 _records: list["NeuronCompilationMetrics"] = []
@@ -171,7 +171,7 @@ def _rank() -> int:
 
 def enabled_tables() -> list[str]:
     """``TORCH_NEURONX_ENABLED_METRIC_TABLES``, checked: an unknown table is a ValueError."""
-    names = [t.strip() for t in (os.environ.get("TORCH_NEURONX_ENABLED_METRIC_TABLES") or "").split(",") if t.strip()]
+    names = [t.strip() for t in (environment.value("TORCH_NEURONX_ENABLED_METRIC_TABLES") or "").split(",") if t.strip()]
     unknown = [t for t in names if t not in TABLES]
     if unknown:
         raise ValueError(f"TORCH_NEURONX_ENABLED_METRIC_TABLES names unknown metric table(s) "
@@ -183,7 +183,7 @@ def write_tables(directory: str | None = None) -> list[str]:
     """Writes the enabled tables as CSV; returns the paths written."""
     if "graph_stats" not in enabled_tables():
         return []
-    directory = directory or settings.metrics_dir()
+    directory = directory or str(environment.value("TORCH_NEURONX_METRICS_DIR"))
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"metric_table_graph_stats_rank{_rank()}.csv")
     fields = [f.name for f in dataclasses.fields(NeuronCompilationMetrics)]
