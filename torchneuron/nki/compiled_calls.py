@@ -28,8 +28,9 @@ operator's mutated list, so functionalization and Inductor order them as
 in-place updates.  Outputs that are inputs (a kernel returning its argument)
 are the input tensors themselves, as in eager code.
 
-Keys carry a token of this process: a graph that names a call is then never
-found in a disk cache by another process, whose calls the key does not name.
+Keys carry a token of this process, so Inductor's graph cache, keyed on the
+graph that holds them, never matches them in another process; an operator
+given a key this process did not make raises, naming it.
 
 There is no autograd, as for eager wrap_nki calls, which record no history:
 a call on tensors that require grad while gradients are recorded is
