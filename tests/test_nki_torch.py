@@ -5,8 +5,11 @@
 * An error inside such a kernel is raised at the next synchronising call,
   naming the kernel; errors the shape trace finds are raised at the call.
 * ``nki_op`` operators match PyTorch in eager code, in ``torch.compile``
-  (backends "eager" and "aot_eager": the "neuron" backend does not exist yet),
-  and in training steps with a registered backward.
+  (backends "eager", "aot_eager" and "neuron"), and in training steps with a
+  registered backward.
+* With backend "neuron", an ``nki_op`` operator and a ``torch_neuronx.wrap_nki``
+  call are each one node of the graph, queued in the graph's order, with and
+  without fullgraph; in-place kernels update their arguments.
 
 The "aot_eager" cases call ATen operators through Python (torch.ops.aten.*),
 which needs the generic executor to capture its OperatorHandle by value
@@ -408,3 +411,181 @@ def test_nki_op_training_step_matches_pytorch(compile_backend):
     assert got[-1] < got[0]
     for (name, p), (_, q) in zip(nki_model.named_parameters(), ref_model.named_parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-4, msg=name)
+
+
+# ---------------------------------------------------------------------------
+# the "neuron" compile backend: nki_op operators and wrap_nki calls as graph nodes
+
+add_op = nki.nki_op("nkitest::add", add_kernel[1], schema="(Tensor a, Tensor b) -> Tensor")
+
+
+def _compiled_code(fn, *args, fullgraph):
+    """fn compiled with backend="neuron": its result and Inductor's wrapper code (all graphs)."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    out, code = run_and_get_code(torch.compile(fn, backend="neuron", fullgraph=fullgraph), *args)
+    return out, "\n".join(code)
+
+
+def _busy_stream():
+    """Queues a few matmuls so the inputs made after them are written late on the executor."""
+    m = torch.randn(512, 512, device=DEV)
+    for _ in range(8):
+        m = m @ m / 512.0
+    return m[0, 0] * 0
+
+
+def _around_add(a, b):
+    # exact operators around the kernel: compiled and eager results are equal bit for bit
+    return torch.relu(add_op(a * 2, b + 1) * 3) - b
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_nki_op_is_one_node_of_a_neuron_graph_in_stream_order(fullgraph):
+    a = torch.randn(128, 64, device=DEV)
+    b = torch.randn(128, 64, device=DEV)
+    assert torch._dynamo.explain(_around_add)(a, b).graph_break_count == 0
+    out, code = _compiled_code(_around_add, a, b, fullgraph=fullgraph)
+    assert code.count("torch.ops.nkitest.add.default(") == 1, code
+    assert torch.equal(out.cpu(), _around_add(a, b).cpu())
+    compiled = torch.compile(_around_add, backend="neuron", fullgraph=fullgraph)
+    for i in range(3):
+        # the kernel's inputs are written by compiled kernels queued behind a busy stream, and
+        # compiled kernels after it read its output: any reordering changes the result
+        a = torch.randn(128, 64, device=DEV) + _busy_stream()
+        got = compiled(a, b)
+        assert torch.equal(got.cpu(), _around_add(a, b).cpu()), i
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_nki_op_mutating_its_argument_in_a_neuron_graph(fullgraph):
+    def fn(x, y):
+        z = x + 1
+        scale_op(z, 0.5)        # an intermediate, written in place by the kernel
+        scale_op(y, 2.0)        # a graph input, written in place: visible to the caller
+        return z * 3 + y
+
+    x = torch.randn(128, 64, device=DEV)
+    y = torch.randn(128, 64, device=DEV)
+    y_eager, y_compiled = y.clone(), y.clone()
+    want = fn(x, y_eager)
+    out, code = _compiled_code(fn, x, y_compiled + _busy_stream(), fullgraph=fullgraph)
+    assert code.count("torch.ops.nkitest.scale_.default(") == 2, code
+    y_compiled = y.clone()
+    got = torch.compile(fn, backend="neuron", fullgraph=fullgraph)(x, y_compiled)
+    assert torch.equal(got.cpu(), want.cpu()) and torch.equal(y_compiled.cpu(), y_eager.cpu())
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_nki_op_training_in_a_neuron_graph_matches_eager(fullgraph):
+    torch.manual_seed(0)
+    eager_model = Block().to(DEV)
+    compiled_model = Block().to(DEV)
+    compiled_model.load_state_dict(eager_model.state_dict())
+    x = torch.randn(128, 128, device=DEV)
+    target = torch.randn(128, 128, device=DEV)
+    torch._dynamo.reset()
+    fwd = torch.compile(compiled_model, backend="neuron", fullgraph=fullgraph)
+    for model, f in ((eager_model, eager_model), (compiled_model, fwd)):
+        torch.nn.functional.mse_loss(f(x), target).backward()
+    for (name, p), (_, q) in zip(compiled_model.named_parameters(), eager_model.named_parameters()):
+        # the backward's PyTorch operators are compiled (fused) on one side only: float rounding
+        torch.testing.assert_close(p.grad.cpu(), q.grad.cpu(), rtol=1e-5, atol=1e-6, msg=name)
+
+
+# wrap_nki callers (torch_neuronx.wrap_nki) in compiled graphs
+
+@nki.jit
+def axpy_kernel(y: nki.typing.mutable_tensor, x, alpha):
+    """y += alpha * x in place (y declared mutable), returns y and a fresh copy of x."""
+    copy = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    xt = nl.load(x)
+    nl.store(copy, value=xt)
+    nl.store(y, value=nl.add(nl.load(y), nl.multiply(xt, alpha)))
+    return y, copy
+
+
+def _wrapped():
+    import torch_neuronx
+
+    return torch_neuronx.wrap_nki(add_kernel), torch_neuronx.wrap_nki(scale_inplace_kernel), \
+        torch_neuronx.wrap_nki(axpy_kernel)
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_wrap_nki_call_is_one_node_of_a_neuron_graph_in_stream_order(fullgraph):
+    add, _, _ = _wrapped()
+
+    def fn(a, b):
+        return torch.relu(add[2](a * 2, b + 1) * 3) - b
+
+    a = torch.randn(256, 64, device=DEV)
+    b = torch.randn(256, 64, device=DEV)
+    assert torch._dynamo.explain(fn)(a, b).graph_break_count == 0
+    out, code = _compiled_code(fn, a, b, fullgraph=fullgraph)
+    assert code.count("torch.ops.torchneuron_nki.call_o1.default(") == 1, code
+    assert torch.equal(out.cpu(), fn(a, b).cpu())
+    torchneuron.clear_op_tracking()
+    compiled = torch.compile(fn, backend="neuron", fullgraph=fullgraph)
+    for i in range(3):
+        a = torch.randn(256, 64, device=DEV) + _busy_stream()
+        got = compiled(a, b)
+        assert torch.equal(got.cpu(), fn(a, b).cpu()), i
+    assert torchneuron.get_executed_ops().get("nki::add_kernel") == 6   # 3 compiled + 3 eager, one task each
+
+
+@pytest.mark.parametrize("fullgraph", [True, False])
+def test_wrap_nki_kernels_writing_into_inputs_in_a_neuron_graph(fullgraph):
+    _, scale, axpy = _wrapped()
+
+    def fn(x, y):
+        z = x + 1
+        assert scale(z, 0.5) is None       # writes into z; no nt.mutable_tensor: found by running it
+        y_again, x_copy = axpy(y, z, 2.0)  # writes into y (a graph input), declared, and returns it
+        return z * 3, y_again + 1, x_copy - 1
+
+    x = torch.randn(128, 64, device=DEV)
+    y = torch.randn(128, 64, device=DEV)
+    y_eager, y_compiled = y.clone(), y.clone()
+    want = fn(x, y_eager)
+    out, code = _compiled_code(fn, x, y_compiled, fullgraph=fullgraph)
+    assert code.count("torch.ops.torchneuron_nki.call_o0_w.default(") == 1, code
+    assert code.count("torch.ops.torchneuron_nki.call_o1_w.default(") == 1, code
+    for w, g in zip(want, out):
+        assert torch.equal(w.cpu(), g.cpu())
+    assert torch.equal(y_compiled.cpu(), y_eager.cpu())
+
+
+def test_wrap_nki_write_into_a_tensor_passed_twice_is_refused():
+    """Found while Dynamo runs the call on fake tensors, which reports it (fullgraph=True) as an
+    unsupported call caused by our error."""
+    _, _, axpy = _wrapped()
+    y = torch.randn(128, 64, device=DEV)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported) as err:
+        torch.compile(lambda y: axpy(y, y, 1.0)[1], backend="neuron", fullgraph=True)(y)
+    chain, e = [], err.value
+    while e is not None:
+        chain.append(str(e))
+        e = e.__cause__ or e.__context__
+    assert any("wrap_nki(axpy_kernel) in torch.compile: the kernel writes into tensor argument 0, which shares "
+               "memory with tensor argument 1" in m for m in chain), chain
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match=r"wrap_nki\(axpy_kernel\) in torch.compile: the kernel writes into "):
+        torch.compile(lambda y: axpy(y, y, 1.0)[1], backend="neuron")(y)
+
+
+def test_wrap_nki_call_has_no_gradient_in_a_compiled_graph():
+    add, _, _ = _wrapped()
+    a = torch.randn(128, 64, device=DEV, requires_grad=True)
+    b = torch.randn(128, 64, device=DEV)
+    assert not add(a, b).requires_grad           # eager: no history, as TorchNeuron's
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a, b: (add(a, b) + a).sum(), backend="neuron")
+    with pytest.raises(RuntimeError, match=r"wrap_nki\(add_kernel\) in torch.compile: a wrap_nki kernel call "
+                                           r"has no gradient"):
+        compiled(a, b)
+    with torch.no_grad():                       # no gradient recorded: compiled as usual
+        torch.testing.assert_close(compiled(a, b).cpu(), (a.cpu() + b.cpu() + a.cpu()).sum())
+    torch.testing.assert_close(compiled(a.detach(), b).cpu(), (a.cpu() + b.cpu() + a.cpu()).sum())

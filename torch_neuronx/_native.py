@@ -91,6 +91,11 @@ class _NkiCaller:
         return _NkiCaller(self.kernel, grid if isinstance(grid, tuple) else (grid,))
 
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            # one node of the graph (Kernel.__call__ itself is not traced: it would graph-break)
+            from torchneuron.nki import compiled_calls
+
+            return compiled_calls.call(self.kernel.number, self.grid or self.kernel.grid, args, kwargs)
         k = self.kernel[self.grid] if self.grid else self.kernel
         return k(*args, **kwargs)
 
@@ -101,8 +106,17 @@ class _NkiCaller:
 def wrap_nki(kernel, **options):
     """An ``@nki.jit`` kernel made callable from PyTorch code, its grid given as ``caller[grid]``
     (vLLM's Neuron plugin calls kernels this way). Keyword options of TorchNeuron's are accepted
-    and have no effect here. In eager code each call is one device task; inside
-    ``torch.compile(backend="neuron")`` the call is not yet one graph node (use ``nki_op``)."""
+    and have no effect here.
+
+    In eager code each call is one device task on the current stream (a direct kernel call).
+    Inside ``torch.compile`` (``backend="neuron"`` or any other, with or without fullgraph) the
+    call is one node of the graph, launched in the graph's order; the inputs the kernel writes
+    into (found by running it once at compile time, or annotated ``nt.mutable_tensor``) are
+    declared as in-place updates (docs/nki.md, "wrap_nki calls inside torch.compile").
+
+    There is no autograd, as with TorchNeuron's: eager calls record no history, and a compiled
+    graph that records gradients through a call is refused with an error naming the kernel. Use
+    ``nki_op`` with ``register_autograd`` to train through a kernel."""
     from torchneuron.nki.jit import Kernel
 
     if not isinstance(kernel, Kernel):

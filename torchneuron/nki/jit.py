@@ -16,6 +16,7 @@ import importlib
 import itertools
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -30,6 +31,18 @@ from .trace import Recorder, TraceCache, counting
 # register themselves when imported.
 _ADAPTERS: list = []
 _LAZY_ADAPTERS = {"torch": "torchneuron.nki.torch_bridge"}
+
+
+# Kernels by a number given at decoration: compiled code names a kernel by a plain int, which
+# torch.compile can carry as a constant where it could not carry the kernel object
+# (torch_bridge.compiled_call).
+_kernel_numbers = itertools.count(1)
+_kernels_by_number: "weakref.WeakValueDictionary[int, Kernel]" = weakref.WeakValueDictionary()
+
+
+def kernel_by_number(number: int) -> "Kernel":
+    """The ``@nki.jit`` kernel whose ``number`` this is (KeyError if it is gone)."""
+    return _kernels_by_number[number]
 
 
 def register_adapter(adapter):
@@ -72,7 +85,7 @@ def _limit_blas_to_one_thread():
 
 
 def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=None, debug=None,
-                        kernel_name=None, cache=None, profile=None):
+                        kernel_name=None, cache=None, profile=None, written=None):
     """Run ``fn`` on the emulator with NumPy-compatible buffers.
 
     This is the seam for device integration: every ``np.ndarray`` in ``args``
@@ -90,6 +103,7 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
                          kernel_name=kernel_name or getattr(fn, "__name__", "kernel"))
     copy_back = []
     inputs = []
+    originals = []
 
     def wrap(v, name):
         if isinstance(v, np.ndarray):
@@ -101,6 +115,7 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
                 if v.flags.writeable:
                     copy_back.append((v, arr))
             inputs.append(wrap_host_array(arr, Buffer.hbm, name))
+            originals.append(v)
             return inputs[-1]
         if isinstance(v, (list, tuple)) and any(isinstance(x, np.ndarray) for x in v):
             return type(v)(wrap(x, f"{name}[{i}]") for i, x in enumerate(v))
@@ -111,7 +126,7 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     wkwargs = {k: wrap(v, k) for k, v in kwargs.items()}
     del wrap  # (recursive: a cycle that would keep the arguments until a garbage collection)
     points = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
-    if profile is not None:
+    if profile is not None or written is not None:
         cache = None
     launch.profile = profile
     key = cache.key(grid, launch, args, kwargs) if cache is not None and cache.enabled() else None
@@ -132,6 +147,8 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
         result = _interpret(fn, launch, points, wargs, wkwargs, None)
     for orig, staged in copy_back:
         np.copyto(orig, staged)
+    if written is not None:
+        written.extend(orig for orig, t in zip(originals, inputs) if t._alloc.stored)
     return _unwrap(result)
 
 
@@ -206,6 +223,9 @@ class Kernel:
         self.options = options
         # shared by kernel[grid] copies: the grid is part of the signature
         self._traces = TraceCache(trace_cache)
+        # shared by kernel[grid] copies too, which differ from this kernel only in their grid
+        self.number = next(_kernel_numbers)
+        _kernels_by_number[self.number] = self
 
     def cache_info(self):
         """Trace-cache counters: ``signatures`` recorded, launches that ``traces`` (recorded),
@@ -223,6 +243,8 @@ class Kernel:
         k = Kernel.__new__(Kernel)
         k.__dict__.update(self.__dict__)
         k.grid = tuple(int(g) for g in grid)
+        # the number must keep naming a kernel of this function while a copy lives
+        _kernels_by_number.setdefault(k.number, k)
         return k
 
     def __call__(self, *args, **kwargs):

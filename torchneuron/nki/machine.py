@@ -313,7 +313,7 @@ class Allocation:
     ``liveness.Liveness`` checks the SBUF/PSUM capacity.
     """
 
-    __slots__ = ("data", "buffer", "dtype", "par_axis", "name", "written", "psum_valid",
+    __slots__ = ("data", "buffer", "dtype", "par_axis", "name", "written", "stored", "psum_valid",
                  "readonly", "exact", "tile", "owner", "__weakref__")
 
     def __init__(self, data: np.ndarray, buffer: Buffer, dtype, par_axis: int = 0, name: str = ""):
@@ -323,6 +323,9 @@ class Allocation:
         self.par_axis = par_axis
         self.name = name
         self.written = False
+        # set by a kernel's stores (unlike ``written``, which a host-provided input starts with):
+        # tells which inputs a launch writes into (run_on_host_buffers(written=...))
+        self.stored = False
         self.readonly = False
         # float32 engine result this buffer was created from, kept until the
         # first write so that assigning it elsewhere rounds only once

@@ -266,6 +266,9 @@ class NkiTensor:
             else:
                 flat[self._key[mask]] = np.broadcast_to(vals, shape)[mask]
         alloc.written = True
+        alloc.stored = True
+        if alloc.owner is not None:
+            alloc.owner.stored = True
         alloc.exact = None
         if alloc.psum_valid is not None:
             self._mark_psum_valid(mask)

@@ -308,44 +308,53 @@ class TorchAdapter:
         tensors = []
         args_t = _flatten(tuple(args), tensors)
         kwargs_t = {k: _flatten(v, tensors) for k, v in kwargs.items()}
-        name = kernel.fn.__name__
-        devices = {t.device for t in tensors}
-        if len(devices) > 1:
-            raise RuntimeError(f"NKI kernel {name}: expected all tensors on one device, got "
-                               f"{sorted(str(d) for d in devices)}")
-        device = next(iter(devices))
-        symbolic = any(_is_symbolic(t) for t in tensors)
-        grid = tuple(grid)
-        if device.type == "cpu" and not symbolic:
-            return TorchAdapter._run_on_host(kernel, grid, args_t, kwargs_t, tensors)
-        record = _record_for(kernel, grid, args_t, kwargs_t, tensors)
-        outs = [torch.empty(shape, dtype=_torch_dtype(d, name), device=device) for shape, d in record.outputs]
-        if not symbolic:
-            launch = (kernel, grid, args_t, kwargs_t, record)
-            k = len(outs)
-            python_task(f"nki::{name}", outs + [t.detach() for t in tensors],
-                        lambda host: _execute(launch, host[:k], host[k:]))
+        outs, record = _launch_flat(kernel, tuple(grid), args_t, kwargs_t, tensors)
         return _build_result(record.result, outs, tensors)
 
-    @staticmethod
-    def _run_on_host(kernel, grid, args_t, kwargs_t, tensors):
-        """CPU tensors: run now, on views of their memory (recording the signature on the way)."""
-        key = _signature(kernel, grid, args_t, kwargs_t, tensors)
-        record = _recorded(key)
-        name = kernel.fn.__name__
-        if record is not None:
-            outs = [torch.empty(shape, dtype=_torch_dtype(d, name)) for shape, d in record.outputs]
-            _execute((kernel, grid, args_t, kwargs_t, record), outs, tensors)
-            return _build_result(record.result, outs, tensors)
-        outs = []
 
-        def make_output(shape, np_dtype):
-            outs.append(torch.empty(tuple(shape), dtype=_torch_dtype(np_dtype, name)))
-            return host_view(outs[-1])
+def _device_of(kernel: Kernel, tensors) -> torch.device:
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise RuntimeError(f"NKI kernel {kernel.fn.__name__}: expected all tensors on one device, got "
+                           f"{sorted(str(d) for d in devices)}")
+    return next(iter(devices))
 
-        record = _trace(kernel, grid, args_t, kwargs_t, [host_view(t) for t in tensors], make_output)
-        _remember(key, record)
-        return _build_result(record.result, outs, tensors)
+
+def _launch_flat(kernel: Kernel, grid, args_t, kwargs_t, tensors):
+    """Launch on the flattened call; returns the new ``shared_hbm`` outputs and the record."""
+    name = kernel.fn.__name__
+    device = _device_of(kernel, tensors)
+    symbolic = any(_is_symbolic(t) for t in tensors)
+    if device.type == "cpu" and not symbolic:
+        return _run_on_host(kernel, grid, args_t, kwargs_t, tensors)
+    record = _record_for(kernel, grid, args_t, kwargs_t, tensors)
+    outs = [torch.empty(shape, dtype=_torch_dtype(d, name), device=device) for shape, d in record.outputs]
+    if not symbolic:
+        launch = (kernel, grid, args_t, kwargs_t, record)
+        k = len(outs)
+        python_task(f"nki::{name}", outs + [t.detach() for t in tensors],
+                    lambda host: _execute(launch, host[:k], host[k:]))
+    return outs, record
+
+
+def _run_on_host(kernel, grid, args_t, kwargs_t, tensors):
+    """CPU tensors: run now, on views of their memory (recording the signature on the way)."""
+    key = _signature(kernel, grid, args_t, kwargs_t, tensors)
+    record = _recorded(key)
+    name = kernel.fn.__name__
+    if record is not None:
+        outs = [torch.empty(shape, dtype=_torch_dtype(d, name)) for shape, d in record.outputs]
+        _execute((kernel, grid, args_t, kwargs_t, record), outs, tensors)
+        return outs, record
+    outs = []
+
+    def make_output(shape, np_dtype):
+        outs.append(torch.empty(tuple(shape), dtype=_torch_dtype(np_dtype, name)))
+        return host_view(outs[-1])
+
+    record = _trace(kernel, grid, args_t, kwargs_t, [host_view(t) for t in tensors], make_output)
+    _remember(key, record)
+    return outs, record
 
 
 register_adapter(TorchAdapter)
