@@ -24,6 +24,11 @@ def test_every_native_name_exists(name):
     assert hasattr(torch_neuronx, name) and name in torch_neuronx.__all__
 
 
+def test_compilation_metrics_are_also_torch_neurons():
+    assert torch.neuron.get_dynamo_metrics is torch_neuronx.get_dynamo_metrics
+    assert torch.neuron.reset_dynamo_metrics is torch_neuronx.reset_dynamo_metrics
+
+
 def test_every_name_of_the_submodules_exists():
     assert [n for n in BACKEND if not hasattr(torch_neuronx.neuron_dynamo_backend, n)] == []
     assert [n for n in PROFILING if not hasattr(torch_neuronx.profiling, n)] == []

@@ -412,4 +412,8 @@ def __getattr__(name: str):
         return inductor_codegen(name)
     if name == "default_generators":
         return _default_generators()
+    if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):  # TorchNeuron's torch.neuron has them too
+        from .compile import metrics
+
+        return getattr(metrics, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
