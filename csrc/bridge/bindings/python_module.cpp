@@ -1,6 +1,7 @@
 // torchneuron._C: the few entry points the Python layer needs beyond what
 // PyTorch already routes through the guard, hooks and allocator.
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/stl.h>
@@ -154,6 +155,11 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchneuron native bridge";
   ops::prefer_cpu_kernels();  // after the static registrations of the explicit kernels
   ops::prefer_nested_cpu_kernels();
+  // GroupNorm's node subclasses PyTorch's: Python sees PyTorch's class
+  // (its name and _saved_* attributes).
+  torch::autograd::registerCppFunction(
+      ops::group_norm_backward_node_type(),
+      reinterpret_cast<PyTypeObject*>(py::module_::import("torch._C").attr("_functions").attr("NativeGroupNormBackward0").ptr()));
   m.def("_init", [] { ensure_initialized(); });
   m.def("device_count", [] { return int(device_count()); });
   m.def("_is_in_bad_fork", [] { return rt::in_bad_fork(); });

@@ -6,6 +6,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <typeinfo>
+
 namespace torchneuron::ops {
 
 // storage.cpp: allocation, metadata, storage resizing
@@ -78,6 +80,10 @@ std::tuple<at::Tensor, at::Tensor> lstm_cell(const at::Tensor& input, at::Tensor
                                              const std::optional<at::Tensor>& b_hh);
 at::Tensor gru_cell(const at::Tensor& input, const at::Tensor& hx, const at::Tensor& w_ih, const at::Tensor& w_hh,
                     const std::optional<at::Tensor>& b_ih, const std::optional<at::Tensor>& b_hh);
+
+// group_norm_autograd.cpp: the C++ type of GroupNorm's backward node, which
+// the Python layer shows as PyTorch's NativeGroupNormBackward0
+const std::type_info& group_norm_backward_node_type();
 
 // cpu_kernel_preference.cpp: routes operators whose generic composite would
 // differ from the CPU kernel to the executor. Runs once the explicit
