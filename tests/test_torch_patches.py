@@ -138,6 +138,9 @@ def _missing(monkeypatch, name):
     elif name == "inductor-flex-dense":
         import importlib
         monkeypatch.delattr(importlib.import_module("torch._higher_order_ops.flex_attention"), "sdpa_dense_backward")
+    elif name == "nn-parallel-comm":
+        from torch.nn.parallel import comm
+        monkeypatch.delattr(comm, "scatter")
     else:
         raise AssertionError(f"no test takes away the target of patch {name!r}")
 
@@ -159,6 +162,38 @@ def test_check_fails_when_the_target_behaves_differently(monkeypatch):
     monkeypatch.setattr(scheduler.BaseSchedulerNode, "is_cpu", lambda self: self.node.device.type == "cpu")
     with pytest.raises(TorchPatchError, match="patch 'inductor-is-cpu': .*get_device"):
         _torch_patches.check("inductor-is-cpu")
+
+
+def test_parallel_comm_check_notices_a_changed_pytorch(monkeypatch):
+    import importlib
+
+    from torch.nn.parallel import comm
+    replicate = importlib.import_module("torch.nn.parallel.replicate")  # the module (the package exports a function)
+
+    def gather(tensors, dim=0, destination=None, *, out=None):  # a comm.gather that no longer needs the patch
+        return torch.cat(list(tensors), dim)
+
+    monkeypatch.setattr(comm, "gather", gather)
+    with pytest.raises(TorchPatchError, match=r"patch 'nn-parallel-comm': .*gather no longer calls torch\._C\._gather"):
+        _torch_patches.check("nn-parallel-comm")
+    monkeypatch.undo()
+    # replicate reaching broadcast_coalesced by a name of its own would bypass the rebinding
+    real = _torch_patches._source
+    monkeypatch.setattr(_torch_patches, "_source", lambda name, obj, where: real(name, obj, where).replace(
+        "comm.broadcast_coalesced(", "broadcast_coalesced(") if obj is replicate else real(name, obj, where))
+    with pytest.raises(TorchPatchError, match="replicate no longer calls comm.broadcast_coalesced by module attribute"):
+        _torch_patches.check("nn-parallel-comm")
+
+
+def test_parallel_comm_keeps_pytorchs_functions_for_other_devices(monkeypatch):
+    from torch.nn.parallel import comm
+    from torchneuron import parallel_comm
+
+    assert all(hasattr(getattr(comm, f), "_torchneuron_original") for f in ("broadcast", "broadcast_coalesced",
+                                                                            "scatter", "gather"))
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: torch.device("cuda"))
+    assert not parallel_comm.handles([torch.ones(2)])  # host tensors mean CUDA devices then
+    assert parallel_comm.handles([torch.ones(2, device="neuron")])
 
 
 def test_flex_checks_notice_a_changed_pytorch(monkeypatch):

@@ -36,6 +36,7 @@ _torch_patches.apply("set-num-threads")
 _torch_patches.apply("mp-neuron-storage")
 _torch_patches.apply("fake-conv-layout")
 _torch_patches.apply("flex-device")
+_torch_patches.apply("nn-parallel-comm")
 
 from ._C import clear_op_tracking, get_executed_ops, get_fallback_ops, get_fused_ops  # noqa: E402
 from .nki import nki_op  # noqa: E402

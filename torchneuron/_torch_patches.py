@@ -48,6 +48,8 @@ patch                                   target
 ``inductor-flex-dense``                 ``torch._inductor.fx_passes.post_grad.post_grad_passes`` (and
                                         compile_fx's name for it): neuron flex with its logsumexp, and
                                         its backward, decomposed first
+``nn-parallel-comm``                    ``torch.nn.parallel.comm``'s broadcast, broadcast_coalesced,
+                                        scatter and gather, for neuron tensors (nn.DataParallel)
 ======================================  =================================================
 
 Not patches, and so not here: what torchneuron registers through PyTorch's
@@ -1136,3 +1138,120 @@ _register(
         "matmuls, so compiled training and return_lse work on neuron. Inductor decomposes other higher-order "
         "operators the same way in its post-grad passes; there is no hook that runs for every compilation.",
     check=_check_flex_dense, apply=_apply_flex_dense)
+
+
+# --------------------------------------------------------------------------- nn-parallel-comm
+
+_COMM = "torch.nn.parallel.comm"
+_COMM_FUNCTIONS = {  # comm function: the CUDA-only torch._C functions it calls
+    "broadcast": ("_broadcast", "_broadcast_out"),
+    "broadcast_coalesced": ("_broadcast_coalesced",),
+    "scatter": ("_scatter", "_scatter_out"),
+    "gather": ("_gather", "_gather_out"),
+}
+
+
+def _check_parallel_comm() -> None:
+    name = "nn-parallel-comm"
+    comm = _module(name, _COMM)
+    params = {"broadcast": ("tensor", "devices", "out"), "broadcast_coalesced": ("tensors", "devices", "buffer_size"),
+              "scatter": ("tensor", "devices", "chunk_sizes", "dim", "streams", "out"),
+              "gather": ("tensors", "dim", "destination", "out")}
+    for fn_name, c_names in _COMM_FUNCTIONS.items():
+        fn = _require(name, comm, fn_name, _COMM)
+        _require_params(name, fn, f"{_COMM}.{fn_name}", params[fn_name])
+        source = _source(name, fn, f"{_COMM}.{fn_name}")
+        missing = [c for c in c_names if f"torch._C.{c}(" not in source]
+        if missing:
+            _fail(name, f"{_COMM}.{fn_name} no longer calls {', '.join('torch._C.' + c for c in missing)} "
+                        "(the calls the patch replaces for neuron tensors)")
+    # the callers DataParallel goes through reach comm by module attribute, so rebinding it reaches them
+    for dotted, uses in (("torch.nn.parallel._functions", ("comm.broadcast_coalesced(", "comm.scatter(",
+                                                            "comm.gather(", "comm.reduce_add_coalesced(")),
+                         ("torch.nn.parallel.replicate", ("comm.broadcast_coalesced(",))):
+        source = _source(name, _module(name, dotted), dotted)
+        absent = [u for u in uses if u not in source]
+        if absent:
+            _fail(name, f"{dotted} no longer calls {', '.join(a.rstrip('(') for a in absent)} by module attribute")
+    # reduce_add (the gradients' sum over replicas) must stay device-generic: no torch._C call
+    if "torch._C." in _source(name, _require(name, comm, "reduce_add", _COMM), f"{_COMM}.reduce_add"):
+        _fail(name, f"{_COMM}.reduce_add now calls into torch._C: check it for neuron tensors")
+
+
+def _apply_parallel_comm() -> None:
+    from torch._utils import _get_device_index, _handle_complex
+    from torch.nn.parallel import comm
+
+    from . import parallel_comm as neuron
+
+    def broadcast(original):
+        def broadcast(tensor, devices=None, *, out=None):
+            if not neuron.handles([tensor, *(out or ())]):
+                return original(tensor, devices, out=out)
+            tensor = _handle_complex(tensor)
+            if not ((devices is None) ^ (out is None)):
+                raise RuntimeError(f"Exactly one of 'devices' and 'out' must be specified, but got "
+                                   f"devices={devices} and out={out}")
+            if devices is not None:
+                return tuple(neuron.broadcast(tensor, [_get_device_index(d) for d in devices]))
+            return tuple(neuron.broadcast_out(tensor, out))
+        return broadcast
+
+    def broadcast_coalesced(original):
+        def broadcast_coalesced(tensors, devices, buffer_size=10485760):
+            if not neuron.handles(list(tensors)):
+                return original(tensors, devices, buffer_size)
+            devices = [_get_device_index(d) for d in devices]
+            return neuron.broadcast_coalesced([_handle_complex(t) for t in tensors], devices, buffer_size)
+        return broadcast_coalesced
+
+    def scatter(original):
+        def scatter(tensor, devices=None, chunk_sizes=None, dim=0, streams=None, *, out=None):
+            if not neuron.handles([tensor, *(out or ())]):
+                return original(tensor, devices, chunk_sizes, dim, streams, out=out)
+            tensor = _handle_complex(tensor)
+            if out is None:
+                return tuple(neuron.scatter(tensor, [_get_device_index(d) for d in devices], chunk_sizes, dim,
+                                            streams))
+            if devices is not None:
+                raise RuntimeError(f"'devices' must not be specified when 'out' is specified, but got devices={devices}")
+            if chunk_sizes is not None:
+                raise RuntimeError(f"'chunk_sizes' must not be specified when 'out' is specified, but got "
+                                   f"chunk_sizes={chunk_sizes}")
+            return tuple(neuron.scatter_out(tensor, out, dim, streams))
+        return scatter
+
+    def gather(original):
+        def gather(tensors, dim=0, destination=None, *, out=None):
+            tensors = list(tensors)
+            if not neuron.handles(tensors + ([out] if out is not None else [])):
+                return original(tensors, dim, destination, out=out)
+            tensors = [_handle_complex(t) for t in tensors]
+            if out is None:
+                if destination == -1:
+                    import warnings
+                    warnings.warn('Using -1 to represent CPU tensor is deprecated. Please use a device object or '
+                                  'string instead, e.g., "cpu".', FutureWarning, stacklevel=2)
+                return neuron.gather(tensors, dim, _get_device_index(destination, allow_cpu=True, optional=True))
+            if destination is not None:
+                raise RuntimeError(f"'destination' must not be specified when 'out' is specified, but got "
+                                   f"destination={destination}")
+            return neuron.gather_out(tensors, out, dim)
+        return gather
+
+    for fn_name, make in (("broadcast", broadcast), ("broadcast_coalesced", broadcast_coalesced),
+                          ("scatter", scatter), ("gather", gather)):
+        _replace(comm, fn_name, make)
+
+
+_register(
+    "nn-parallel-comm",
+    target=f"{_COMM}.broadcast, broadcast_coalesced, scatter and gather: calls whose tensors are on neuron "
+           "(or all on the CPU while neuron is the accelerator) go to torchneuron/parallel_comm.py",
+    why="nn.DataParallel is device-generic except for these four functions, which call C++ that PyTorch "
+        "builds for CUDA only (torch._C._broadcast, _broadcast_coalesced, _scatter, _gather and the out= "
+        "forms): absent from a CPU build, CUDA-only in a CUDA build. parallel_comm.py does the same with "
+        "ordinary tensor operations, with the same checks and messages. DataParallel's other pieces (replica "
+        "threads, reduce_add's sum of gradients) already work on neuron; other device types keep PyTorch's "
+        "functions.",
+    check=_check_parallel_comm, apply=_apply_parallel_comm)
