@@ -44,6 +44,8 @@ def _drain_at_exit():
     if not device.is_initialized():
         return
     indices = range(device.device_count())
+    if not _forked_child:
+        _settle_autograd_threads(indices)
     interrupted = False
     if getattr(sys, "last_type", None) is None:  # no uncaught exception ends the process: let the work finish
         deadline = time.monotonic() + _exit_timeout()
@@ -89,6 +91,34 @@ def _release_inherited_autograd_threads() -> None:
     the engine of a forked child at its first use there (a backward, or any
     call on the engine): this is such a call."""
     torch.autograd.Variable._execution_engine.is_checkpoint_valid()
+
+
+# What the exit's backward passes use; kept alive to the end, so that the autograd threads
+# drop their references to them without touching Python objects.
+_settling: list = []
+
+
+def _settle_autograd_threads(indices) -> None:
+    """A backward on `neuron` runs on the autograd engine's thread for the device, which
+    drops its last reference to the backward's GraphTask after the caller has returned.
+    The GraphTask holds a Python object (the contextvars context torch.autograd stashes
+    for device threads), so if the process is finalising by then, the thread's decref
+    takes the GIL, the interpreter ends the thread with pthread_exit, and the forced
+    unwinding through a noexcept destructor aborts the process ("terminate called
+    without an active exception"). One more backward per device, run through the engine
+    directly (nothing stashed) on tensors kept alive here, queues behind the last one:
+    when it returns, each device thread has dropped the previous GraphTask, with the GIL
+    free for it to take, and what it drops of this one needs no Python."""
+    engine = torch.autograd.Variable._execution_engine
+    for i in indices:
+        try:
+            leaf = torch.ones(1, device=torch.device("neuron", i), requires_grad=True)
+            out = leaf * 2.0
+            seed = torch.ones_like(out)
+            _settling.extend((leaf, out, seed))
+            engine.run_backward((out,), (seed,), False, False, (), True, True)
+        except Exception:  # noqa: BLE001  (a device left in error: nothing to settle, the drain reports it)
+            pass
 
 
 def _wait_uninterrupted(index: int) -> None:
