@@ -106,6 +106,18 @@ void run_view(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit:
 }
 
 
+// Copy-on-write storages among the arguments the call writes get storage of
+// their own first (host_views.h), as a CPU kernel's first write does.
+void materialize_written(const OpPolicy& policy, c10::ArrayRef<c10::IValue> args) {
+  const bool stats = !policy.running_stats.empty() && args[policy.training_arg].toBool();
+  for (size_t w : policy.written) {
+    const bool stat = std::find(policy.running_stats.begin(), policy.running_stats.end(), w) != policy.running_stats.end();
+    if (!stat || stats) for_each_tensor(args[w], materialize_for_write);
+  }
+  if (stats)
+    for (size_t w : policy.running_stats) for_each_tensor(args[w], materialize_for_write);
+}
+
 // Whether a written argument shares device memory with another argument,
 // as ATen's overlap checks see it, and what of that can decide whether the
 // CPU kernel accepts the call: a written argument with internal overlap (an
@@ -275,6 +287,7 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     record_execution(*policy.counter, Execution::Queued);
     return run_view(op, policy, stack);
   }
+  materialize_written(policy, args);
   WriteOverlap overlap;
   if (!policy.written.empty()) {
     overlap = overlap_of_writes(args, policy);
