@@ -8,6 +8,8 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
+from neuron_testing import queue_busy_work
+
 
 def cow(t):
     return torch._C._is_cow_tensor(t)
@@ -104,7 +106,9 @@ def test_materialising_waits_for_queued_work_and_orders_streams():
     x.mul_(3)
     y.add_(2)
     assert x.sum().item() == 3 * (1 << 22) and y.sum().item() == 3 * (1 << 22)
+    # Written on another stream than the one that produced the data, still queued there.
     s = torch.neuron.Stream()
+    queue_busy_work()
     x = torch.ones(1 << 20, device="neuron")
     y = torch._lazy_clone(x)
     with torch.neuron.stream(s):
@@ -129,7 +133,9 @@ def test_memory_is_returned():
 
 
 def test_record_stream_on_a_lazy_clone():
+    # Written on another stream than the one that produced the data, still queued there.
     s = torch.neuron.Stream()
+    queue_busy_work()
     x = torch.ones(1 << 20, device="neuron")
     y = torch._lazy_clone(x)
     with torch.neuron.stream(s):

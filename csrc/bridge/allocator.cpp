@@ -365,9 +365,14 @@ c10::DataPtr NeuronCachingAllocator::allocate(size_t nbytes) {
 c10::DeleterFnPtr NeuronCachingAllocator::raw_deleter() const { return free_block; }
 
 void NeuronCachingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
-  // Storage-level copies (e.g. by serialization helpers) are ordered after
-  // the current stream's work.
-  translate_errors([&] { current_runtime_stream(current_device()).synchronize(); });
+  // Storage-level copies: a copy-on-write storage materialising on write
+  // (Allocator::clone), serialization helpers. The source may have been
+  // written on any stream of its device (a lazy clone is materialised on the
+  // stream of the write that needs it, not that of the work that produced
+  // the data), so the copy waits for the whole device.
+  const Block* b = live_blocks().find(src, /*take=*/false);
+  const int device = b ? b->device : current_device();
+  translate_errors([&] { rt::device(device).synchronize(); });
   memcheck::HostAccess access;
   std::memcpy(dest, src, count);
 }
