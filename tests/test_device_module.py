@@ -52,6 +52,50 @@ def test_generated_methods():
     assert n.untyped_storage().is_neuron
 
 
+STORAGE_DTYPES = [d for d in torch.storage._dtype_to_storage_type_map() if d.is_floating_point or d.is_complex
+                  or d in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)]
+
+
+@pytest.mark.parametrize("dtype", STORAGE_DTYPES, ids=str)
+def test_storage_type_is_the_device_modules_as_on_cuda(dtype):
+    """Tensor.storage_type(): the CPU's class is torch.<Name>Storage, CUDA's torch.cuda.<Name>Storage,
+    neuron's torch.neuron.<Name>Storage, the same legacy class of the device."""
+    name = torch.storage._dtype_to_storage_type_map()[dtype]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # TypedStorage is deprecated
+        cpu = torch.zeros(3, dtype=dtype)
+        neuron = cpu.to("neuron")
+        cls = neuron.storage_type()
+        assert cpu.storage_type() is getattr(torch, name)
+        assert cls is getattr(torch.neuron, name) and cls.__name__ == name and cls.__module__ == "torch.neuron"
+        assert cls.dtype == dtype == getattr(torch, name).dtype
+        assert isinstance(neuron.storage(), cls) and not isinstance(cpu.storage(), cls)
+        assert not isinstance(neuron.storage(), getattr(torch, name))
+        assert neuron.storage().type() == f"torch.neuron.{name}"
+        made = cls(4)
+        assert (made.device.type, made.dtype, made.size()) == ("neuron", dtype, 4)
+        wrapped = cls(wrap_storage=neuron.untyped_storage())
+        assert wrapped.device == neuron.device and wrapped.data_ptr() == neuron.data_ptr()
+        # A storage of the other device is refused, as by the CPU's class.
+        for klass, other in ((cls, cpu), (getattr(torch, name), neuron)):
+            with pytest.raises(RuntimeError, match="Device of 'wrap_storage' must be"):
+                klass(wrap_storage=other.untyped_storage())
+        with pytest.raises(RuntimeError, match="host buffer"):
+            cls.from_buffer(b"\0" * 16)
+
+
+def test_storage_classes_from_values_and_serialization(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        s = torch.neuron.FloatStorage([1, 2, 3])
+        assert s.device.type == "neuron" and s.tolist() == torch.FloatStorage([1, 2, 3]).tolist()
+        t = torch.arange(5.0, device="neuron")
+        torch.save(t, tmp_path / "t.pt")
+        back = torch.load(tmp_path / "t.pt")
+        assert back.device == t.device and back.storage_type() is torch.neuron.FloatStorage
+        assert torch.equal(back.cpu(), t.cpu())
+
+
 def test_mixed_devices_raise_like_pytorch():
     a = torch.ones(3, device="neuron")
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):

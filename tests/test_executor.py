@@ -166,3 +166,68 @@ def test_meta_failures_are_classified_by_kind():
     assert result.stderr.count("meta pass of aten::_standard_gamma_grad failed") == 1, result.stderr
     assert result.stderr.count("aten::_standard_gamma_grad cannot be queued") == 1, result.stderr
     assert result.stderr.count("meta pass of aten::index failed") == 2, result.stderr
+
+
+# A CPU tensor is an operand of a neuron call only when it is zero-dimensional
+# (a scalar), as on CUDA, never an argument the call writes: CUDA raises
+# RuntimeError for a CPU out= or self of an in-place operator, whatever its size.
+CPU_WRITTEN = {
+    "add out=": lambda s, o: torch.add(s, s, out=o),
+    "nonzero out=": lambda s, o: torch.nonzero(s, out=o.long()),
+    "ge out=": lambda s, o: torch.ge(s, s, out=o.bool()),
+    "lgamma out=": lambda s, o: torch.lgamma(s, out=o),
+    "igamma out=": lambda s, o: torch.igamma(s, s, out=o),
+    "mul out= of the result's shape": lambda s, o: torch.mul(s, s, out=o.expand(3).clone()),
+    "in-place self": lambda s, o: o.add_(s),
+    "index_put_ self": lambda s, o: o.index_put_((), s),
+}
+
+
+@pytest.mark.parametrize("name", CPU_WRITTEN)
+@pytest.mark.parametrize("dim", [0, 1])
+def test_cpu_tensor_written_by_a_neuron_call_is_refused(name, dim):
+    s = torch.full([3] if dim else [], 2.0, device="neuron")
+    out = torch.full([], 7.0)
+    with pytest.raises(RuntimeError, match="same device"):
+        CPU_WRITTEN[name](s, out)
+    assert out.item() == 7.0  # nothing written on the host
+
+
+def test_cpu_scalar_operands_and_copies_to_the_host_stay_accepted():
+    a = torch.arange(4.0)
+    assert torch.equal(torch.add(a.to("neuron"), torch.tensor(2.0)).cpu(), torch.add(a, torch.tensor(2.0)))
+    x = torch.zeros(4)
+    x.index_put_((torch.tensor([1]),), torch.tensor(5.0))
+    y = torch.zeros(4, device="neuron").index_put_((torch.tensor([1]),), torch.tensor(5.0))
+    assert torch.equal(y.cpu(), x)
+    host = torch.empty([])
+    host.copy_(torch.tensor(3.0, device="neuron"))
+    assert host.item() == 3.0
+
+
+def test_every_out_variant_refuses_a_cpu_out():
+    """Every OpInfo operator with out=, its first sample on neuron, a zero-dimensional CPU out."""
+    from torch.testing._internal.common_methods_invocations import op_db
+    from torch.utils._pytree import tree_map
+
+    refused, accepted = 0, []
+    for op in op_db:
+        if not op.supports_out or op.name in ("lu",):  # lu's out= is Python's copy_ to the host, as on CUDA
+            continue
+        try:
+            sample = next(iter(op.sample_inputs("neuron", torch.float32)))
+            expected = op(sample.input, *sample.args, **sample.kwargs)
+        except Exception:  # noqa: BLE001 (no float32 sample, or it raises without out= too)
+            continue
+        if isinstance(expected, tuple):  # torch.return_types, which pytree does not open
+            expected = tuple(expected)
+        out = tree_map(lambda t: torch.full([], 7.0, dtype=t.dtype) if isinstance(t, torch.Tensor) else t, expected)
+        try:
+            op(sample.input, *sample.args, out=out, **sample.kwargs)
+            torch.neuron.synchronize()
+            accepted.append(op.name)
+        except RuntimeError:
+            refused += 1
+        except TypeError:  # equal, histogramdd: out= not of that form
+            pass
+    assert refused > 300 and not accepted, (refused, accepted)

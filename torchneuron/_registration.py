@@ -139,6 +139,12 @@ def register():
     torch.utils.rename_privateuse1_backend("neuron")
     from . import device as device_module
 
+    # torch.neuron.FloatStorage and the others: Tensor.storage_type() finds a
+    # device's typed storage classes on its device module.
+    from .storage_types import storage_classes
+
+    for name, cls in storage_classes().items():
+        setattr(device_module, name, cls)
     torch._register_device_module("neuron", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True

@@ -5,9 +5,11 @@
 #include "allocator.h"
 
 #include <c10/core/DeviceType.h>
+#include <c10/core/impl/COWDeleter.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <deque>
@@ -269,13 +271,54 @@ Block* malloc_block(int device, int stream, size_t requested, HistoryContext con
   return b;
 }
 
-void free_block(void* ctx) {
+// Allocated blocks by address. A DataPtr's context is its own address, as
+// on CUDA: copy-on-write storages (torch._lazy_clone) wrap only such a
+// "simple" context and hand it back on materialisation expecting the
+// address, and raw_allocate/raw_delete need it too. The deleter and
+// record_stream find the block here. Sharded so that frees on different
+// threads rarely meet on one lock.
+class LiveBlocks {
+ public:
+  void add(Block* b) {
+    Shard& s = shard(b->ptr);
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.blocks.emplace(b->ptr, b);
+  }
+  // The block allocated at `ptr`, removed when `take`; null if none is.
+  Block* find(const void* ptr, bool take) {
+    Shard& s = shard(ptr);
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.blocks.find(ptr);
+    if (it == s.blocks.end()) return nullptr;
+    Block* b = it->second;
+    if (take) s.blocks.erase(it);
+    return b;
+  }
+
+ private:
+  struct Shard {
+    std::mutex mu;
+    std::unordered_map<const void*, Block*> blocks;
+  };
+  static constexpr size_t kShards = 16;
+  std::array<Shard, kShards> shards_;
+  // Blocks start at multiples of kMinBlock.
+  Shard& shard(const void* p) { return shards_[(reinterpret_cast<uintptr_t>(p) / kMinBlock) % kShards]; }
+};
+
+LiveBlocks& live_blocks() {
+  static LiveBlocks* l = new LiveBlocks();  // never destroyed: deleters may run during exit
+  return *l;
+}
+
+void free_block(void* ptr) {
   // A child forked after the device started frees its copy of the parent's
   // tensors: the memory is the parent's, and the cache, streams and locks
   // are copies of the parent's state at the fork (a lock may be held by a
   // thread the child does not have). Nothing to do.
   if (rt::in_bad_fork()) return;
-  auto* b = static_cast<Block*>(ctx);
+  Block* b = live_blocks().find(ptr, /*take=*/true);
+  TORCH_INTERNAL_ASSERT(b, "neuron allocator: freeing ", ptr, ", which it did not allocate");
   // The stream's waiting work hears of the free: a temporary that a pending
   // fused task produces need then never be written. Only single-stream
   // blocks: another stream may still read a recorded one.
@@ -315,16 +358,21 @@ c10::DataPtr NeuronCachingAllocator::allocate(size_t nbytes) {
   HistoryContext checked = memcheck::on() ? (context ? context : memcheck::gather_stack()) : nullptr;
   Block* b = translate_errors([&] { return malloc_block(device, stream, nbytes, std::move(context)); });
   if (memcheck::on()) memcheck::block_allocated(device, stream, b->ptr, b->size, nbytes, std::move(checked));
-  return c10::DataPtr(b->ptr, b, free_block, c10::Device(kNeuron, device));
+  live_blocks().add(b);
+  return c10::DataPtr(b->ptr, b->ptr, free_block, c10::Device(kNeuron, device));
 }
 
-// No raw deleter: a DataPtr's context is its block, not its address.
-c10::DeleterFnPtr NeuronCachingAllocator::raw_deleter() const { return nullptr; }
+c10::DeleterFnPtr NeuronCachingAllocator::raw_deleter() const { return free_block; }
 
 void NeuronCachingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
-  // Storage-level copies (e.g. by serialization helpers) are ordered after
-  // the current stream's work.
-  translate_errors([&] { current_runtime_stream(current_device()).synchronize(); });
+  // Storage-level copies: a copy-on-write storage materialising on write
+  // (Allocator::clone), serialization helpers. The source may have been
+  // written on any stream of its device (a lazy clone is materialised on the
+  // stream of the write that needs it, not that of the work that produced
+  // the data), so the copy waits for the whole device.
+  const Block* b = live_blocks().find(src, /*take=*/false);
+  const int device = b ? b->device : current_device();
+  translate_errors([&] { rt::device(device).synchronize(); });
   memcheck::HostAccess access;
   std::memcpy(dest, src, count);
 }
@@ -338,9 +386,11 @@ void NeuronCachingAllocator::emptyCache(c10::MempoolId_t) {
 }
 
 void NeuronCachingAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
-  // Only whole allocations are tracked (a view's data pointer is not), as on CUDA.
-  if (ptr.get_deleter() != free_block) return;
-  auto* b = static_cast<Block*>(ptr.get_context());
+  // Only whole allocations are tracked (a view's data pointer is not), as on
+  // CUDA; a copy-on-write storage's DataPtr wraps the allocation it shares.
+  if (ptr.get_deleter() != free_block && ptr.get_deleter() != c10::impl::cow::cow_deleter) return;
+  Block* b = live_blocks().find(ptr.get(), /*take=*/false);
+  if (!b) return;
   DeviceCache& c = cache(b->device);
   std::lock_guard<std::mutex> lock(c.mu);
   int s = static_cast<int>(stream.id());

@@ -53,23 +53,37 @@ namespace {
 
 // The one device every neuron tensor of the call is on (or a neuron Device
 // argument's, for factories); raises PyTorch's usual error for mixed devices.
-c10::DeviceIndex device_of_call(c10::ArrayRef<c10::IValue> args, const OpPolicy& policy) {
+// CPU tensors are accepted where CUDA accepts them, as operands only: a
+// zero-dimensional one (a scalar), and index tensors of the operators that
+// take them on the host. An argument the call writes (out=, self of an
+// in-place operator) is never on the CPU: the kernel would write host memory
+// from a device task.
+c10::DeviceIndex device_of_call(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                                const OpPolicy& policy) {
   c10::DeviceIndex device = -1;
   std::optional<c10::Device> other;
-  for (const auto& a : args) {
+  std::optional<size_t> written_elsewhere;  // a written argument not on neuron
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& a = args[i];
+    const bool written = policy.writes(i);
     for_each_tensor(a, [&](const at::Tensor& t) {
       if (!t.defined()) return;
       if (t.device().type() == kNeuron) {
         if (device < 0) device = t.device().index();
         else if (t.device().index() != device) other = t.device();
-      } else if (!(t.is_cpu() && (t.dim() == 0 || policy.host_indices))) {
+      } else if (written || !(t.is_cpu() && (t.dim() == 0 || policy.host_indices))) {
         other = t.device();
+        if (written && !written_elsewhere) written_elsewhere = i;
       }
     });
     if (a.isDevice() && a.toDevice().type() == kNeuron && device < 0 && a.toDevice().has_index())
       device = a.toDevice().index();
   }
   if (device < 0) device = current_device();
+  TORCH_CHECK(!written_elsewhere, "Expected all tensors to be on the same device, but found at least two devices, neuron:",
+              int(device), " and ", *other, "! (", schema.operator_name(), " writes its argument '",
+              schema.arguments()[*written_elsewhere].name(), "', which is on ", *other,
+              "; a CPU tensor is accepted only as a zero-dimensional operand)");
   TORCH_CHECK(!other, "Expected all tensors to be on the same device, but found at least two devices, neuron:",
               int(device), " and ", *other, "!");
   return device;
@@ -105,6 +119,18 @@ void run_view(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit:
   }
 }
 
+
+// Copy-on-write storages among the arguments the call writes get storage of
+// their own first (host_views.h), as a CPU kernel's first write does.
+void materialize_written(const OpPolicy& policy, c10::ArrayRef<c10::IValue> args) {
+  const bool stats = !policy.running_stats.empty() && args[policy.training_arg].toBool();
+  for (size_t w : policy.written) {
+    const bool stat = std::find(policy.running_stats.begin(), policy.running_stats.end(), w) != policy.running_stats.end();
+    if (!stat || stats) for_each_tensor(args[w], materialize_for_write);
+  }
+  if (stats)
+    for (size_t w : policy.running_stats) for_each_tensor(args[w], materialize_for_write);
+}
 
 // Whether a written argument shares device memory with another argument,
 // as ATen's overlap checks see it, and what of that can decide whether the
@@ -264,7 +290,7 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const OpPolicy& policy = op_policy(op);
   const auto& schema = op.schema();
   auto args = torch::jit::last(*stack, schema.arguments().size());
-  const c10::DeviceIndex device = device_of_call(args, policy);
+  const c10::DeviceIndex device = device_of_call(schema, args, policy);
   std::optional<c10::DeviceGuard> guard;  // a guard's virtual calls only when the device changes
   if (current_device() != device) guard.emplace(c10::Device(kNeuron, device));
 
@@ -275,6 +301,7 @@ void execute(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     record_execution(*policy.counter, Execution::Queued);
     return run_view(op, policy, stack);
   }
+  materialize_written(policy, args);
   WriteOverlap overlap;
   if (!policy.written.empty()) {
     overlap = overlap_of_writes(args, policy);

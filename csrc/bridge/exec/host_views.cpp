@@ -3,6 +3,7 @@
 #include <ATen/EmptyTensor.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/COW.h>
 
 #include "../device_state.h"
 #include "../memcheck.h"
@@ -39,6 +40,12 @@ at::Tensor view_with(const at::Tensor& t, c10::Storage storage, c10::DispatchKey
 }
 
 } // namespace
+
+void materialize_for_write(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return;
+  const c10::Storage& storage = t.storage();
+  if (c10::impl::cow::is_cow_data_ptr(storage.data_ptr())) storage.unsafeGetStorageImpl()->mutable_data();
+}
 
 at::Tensor host_view(const at::Tensor& t, bool resizable) {
   if (!t.defined() || (t.is_cpu() && !resizable)) return t;

@@ -49,6 +49,14 @@ class SharedHostStorages {
   SharedHostStorages& operator=(const SharedHostStorages&) = delete;
 };
 
+// Gives a device tensor that a call is about to write storage of its own if
+// it shares a copy-on-write storage (torch._lazy_clone), as the first
+// mutable access of a CPU kernel does. Kernels here write through host views,
+// which never make that access on the device tensor. Call it on the host,
+// before the call's views are taken: materialising may copy on the current
+// stream.
+void materialize_for_write(const at::Tensor& t);
+
 // `t`'s metadata (sizes, strides, offset, dtype, storage size) on Meta.
 at::Tensor meta_view(const at::Tensor& t);
 

@@ -25,6 +25,7 @@ enum Trait : uint32_t {
   kSparseResult = 1 << 8,     // returns a sparse (or mkldnn) tensor, likewise
   kIndexPutChecks = 1 << 9,   // the CPU checks index and value shapes its meta kernel does not (meta_checks.h)
   kMultinomialChecks = 1 << 10,  // likewise the number of samples (meta_checks.h)
+  kRunningStats = 1 << 11,  // batch norm: writes running_mean and running_var only when training
 };
 
 // One rule per operator. `op` is a base name, which covers every overload and
@@ -87,8 +88,8 @@ const Rule kRules[] = {
     // Results computed in device memory (result_placement.h).
     {"native_layer_norm", kPlaceResults}, {"native_layer_norm_backward", kPlaceResults},
     {"native_group_norm", kPlaceResults}, {"native_group_norm_backward", kPlaceResults},
-    {"native_batch_norm", kPlaceResults}, {"native_batch_norm_backward", kPlaceResults},
-    {"_native_batch_norm_legit", kPlaceResults}, {"_native_batch_norm_legit_no_training", kPlaceResults},
+    {"native_batch_norm", kPlaceResults | kRunningStats}, {"native_batch_norm_backward", kPlaceResults},
+    {"_native_batch_norm_legit", kPlaceResults | kRunningStats}, {"_native_batch_norm_legit_no_training", kPlaceResults},
     {"embedding_dense_backward", kPlaceResults}, {"_embedding_bag", kPlaceResults},
     {"_embedding_bag_dense_backward", kPlaceResults}, {"index_select", kPlaceResults},
     {"_scaled_dot_product_flash_attention_for_cpu", kPlaceResults},
@@ -202,6 +203,14 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
     p->rowwise_dims_arg = *dims;
   }
   p->exact = rule.exact;
+  if (rule.traits & kRunningStats) {
+    for (const char* name : {"running_mean", "running_var"})
+      if (auto i = schema.argumentIndexWithName(name)) p->running_stats.push_back(*i);
+    auto training = schema.argumentIndexWithName("training");
+    TORCH_INTERNAL_ASSERT(training || p->running_stats.empty(), "neuron: the running-statistics rule does not fit ",
+                          schema);
+    if (training) p->training_arg = *training;
+  }
   // The device's own tanh replaces ATen's only where it is selected (kernels/tanh.h).
   p->device_op = rule.device_op == DeviceOp::Tanh && !kernels::device_tanh_selected() ? DeviceOp::None : rule.device_op;
   p->place_results = rule.traits & kPlaceResults;

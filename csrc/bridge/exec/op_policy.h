@@ -78,6 +78,12 @@ struct OpPolicy {
   // From the rule table.
   bool data_dependent = false;
   bool host_indices = false;
+  // Batch norm's running statistics: written only when the argument
+  // `training` is true, whether or not the schema marks them (native_batch_norm
+  // does not). A copy-on-write one gets storage of its own exactly then, as
+  // on the CPU.
+  std::vector<size_t> running_stats;
+  size_t training_arg = 0;
   Fusion fusion = Fusion::None;
   size_t rowwise_dims_arg = 0;       // Fusion::Rowwise: the argument naming the reduced dimension(s)
   ExactKind exact = ExactKind::None;

@@ -227,7 +227,7 @@ bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::
       if ((row != 0 && row != cover->second) || cover->second % 128 != 0) return false;
       row = cover->second;
     }
-    auto p = reinterpret_cast<uintptr_t>(t.data_ptr());
+    auto p = reinterpret_cast<uintptr_t>(t.const_data_ptr());  // an address only: no copy-on-write materialising
     Operand o{u.index, u.result, u.written && !reads_self, cover->first, {p, p + t.nbytes(), t.itemsize()},
               t.scalar_type()};
     (u.written ? writes : operands).push_back(o);

@@ -37,6 +37,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       self.sizes() == dst.sizes() && self.scalar_type() == dst.scalar_type() && self.is_conj() == dst.is_conj() &&
       self.is_neg() == dst.is_neg())
     return dst;
+  if (dst_dev) materialize_for_write(dst);
   if (src_dev && dst_dev) {
     // The checks of the CPU's copy, at the call as there: the device tensors
     // share what their memory shares.

@@ -1,7 +1,10 @@
 // Tensor existence on `neuron`: allocation, views (metadata only, no device
 // work), storage resizing, and which tensors may take each other's place.
 #include <ATen/EmptyTensor.h>
+#include <ATen/Context.h>
 #include <ATen/native/Resize.h>
+#include <ATen/native/ResizeCommon.h>
+#include <ATen/native/TensorFactories.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
@@ -57,6 +60,19 @@ void check_strided(std::optional<c10::Layout> layout, std::optional<bool> pin_me
 
 constexpr c10::DispatchKeySet kNeuronKeys(c10::DispatchKey::PrivateUse1);
 
+// torch.use_deterministic_algorithms(True) with
+// torch.utils.deterministic.fill_uninitialized_memory: new memory holds NaN
+// (integers: their maximum), as the CPU's and CUDA's empty and resize_ give.
+bool fill_uninitialized() {
+  const auto& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
+at::Tensor filled_if_deterministic(at::Tensor t) {
+  if (C10_UNLIKELY(fill_uninitialized())) at::native::fill_empty_deterministic_(t);
+  return t;
+}
+
 } // namespace
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarType> dtype,
@@ -64,8 +80,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
                                std::optional<bool> pin_memory, std::optional<c10::MemoryFormat> memory_format) {
   check_strided(layout, pin_memory);
   c10::DeviceGuard guard(target_device(device));
-  return memcheck::named(
-      at::detail::empty_generic(size, &device_allocator(), kNeuronKeys, c10::dtype_or_default(dtype), memory_format));
+  return memcheck::named(filled_if_deterministic(
+      at::detail::empty_generic(size, &device_allocator(), kNeuronKeys, c10::dtype_or_default(dtype), memory_format)));
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<c10::ScalarType> dtype,
@@ -73,8 +89,8 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
                          std::optional<bool> pin_memory) {
   check_strided(layout, pin_memory);
   c10::DeviceGuard guard(target_device(device));
-  return memcheck::named(at::detail::empty_strided_generic(size, stride, &device_allocator(), kNeuronKeys,
-                                                           c10::dtype_or_default(dtype)));
+  return memcheck::named(filled_if_deterministic(at::detail::empty_strided_generic(
+      size, stride, &device_allocator(), kNeuronKeys, c10::dtype_or_default(dtype))));
 }
 
 at::Tensor view(const at::Tensor& self, c10::SymIntArrayRef size) {
@@ -102,7 +118,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::SymIntArrayRef sym_size,
   if (impl->sizes() != size) impl->set_sizes_contiguous(size);  // as the CPU's: the same shape keeps its strides
   if (memory_format) impl->empty_tensor_restride(*memory_format);
   size_t needed = at::detail::computeStorageNbytes(size, impl->strides(), self.itemsize(), impl->storage_offset());
-  if (needed > self.storage().nbytes()) resize_storage_bytes(self.storage(), needed);
+  const size_t old_bytes = self.storage().nbytes();
+  if (needed > old_bytes) {
+    resize_storage_bytes(self.storage(), needed);
+    if (C10_UNLIKELY(fill_uninitialized())) at::native::fill_resize_deterministic_(self, static_cast<int64_t>(old_bytes));
+  }
   return memcheck::named(self);
 }
 
