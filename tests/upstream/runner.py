@@ -33,6 +33,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import resource
 import select
 import subprocess
 import sys
@@ -368,11 +369,18 @@ def main(argv=None):
     ap.add_argument("--files", default=",".join(SAMPLE))
     ap.add_argument("--jobs", type=int, default=int(os.environ.get("TORCHNEURON_UPSTREAM_JOBS", "2")))
     ap.add_argument("--report", default=os.path.join(HERE, "REPORT.md"))
+    ap.add_argument("--from-json", help="write the report of a saved run instead of running")
     ap.add_argument("--json", default=os.path.join(ROOT, ".cache", "upstream", "results.json"))
     a = ap.parse_args(argv)
     if a.worker:
         return worker(a.worker, a.test_dir, a.full, a.skip_from, a.only, trace_all=bool(a.only))
     from tests.upstream import fetch, report
+    if a.from_json:  # re-render a saved run (the lists as they are now)
+        saved = json.load(open(a.from_json))
+        problems = report.write(saved["files"], saved["wall_s"], saved["full"], saved["jobs"], a.report,
+                                saved.get("cpu_s"), saved.get("scale", 1))
+        print(report.summary_line(saved["files"], saved["wall_s"]))
+        return 1 if problems else 0
     test_dir = fetch.fetch()
     t0 = time.time()
     files = [f for f in a.files.split(",") if f]
@@ -380,8 +388,12 @@ def main(argv=None):
         files = [f for f in files if fnmatch.fnmatchcase(f, a.only.split("::")[0])]
     out = run(files, a.full, a.jobs, test_dir, os.path.join(os.path.dirname(a.json), "logs"), a.only)
     wall = time.time() - t0
-    json.dump({"files": out, "wall_s": wall, "full": a.full, "jobs": a.jobs}, open(a.json, "w"), indent=1)
-    problems = report.write(out, wall, a.full, a.jobs, a.report)
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = ru.ru_utime + ru.ru_stime
+    scale = float(os.environ.get("TORCHNEURON_UPSTREAM_SAMPLE_SCALE", "1"))
+    json.dump({"files": out, "wall_s": wall, "cpu_s": cpu, "full": a.full, "jobs": a.jobs, "scale": scale},
+              open(a.json, "w"), indent=1)
+    problems = report.write(out, wall, a.full, a.jobs, a.report, cpu, scale)
     print(report.summary_line(out, wall))
     for p in problems:
         print("PROBLEM:", p)
