@@ -55,24 +55,14 @@ SKIPS = {
 ISSUE = 51
 KNOWN_DEFECTS = [
     # The issue's list.
-    ("test_ops::TestCompositeCompliance::test_cow_input_*", "torch._lazy_clone of a neuron tensor: Expected storage != nullptr", ISSUE),
-    ("test_torch::TestTorchDeviceType::test_lazy_clone*", "torch._lazy_clone of a neuron tensor: Expected storage != nullptr", ISSUE),
-    ("test_torch::TestTorchDeviceType::test_parallel_cow_materialize_error_*", "torch._lazy_clone of a neuron tensor", ISSUE),
-    ("test_torch::TestTorchDeviceType::test_deterministic_empty_*", "deterministic fill of empty* on neuron", ISSUE),
-    ("test_torch::TestTorchDeviceType::test_deterministic_resize_*", "deterministic fill of resize_ on neuron", ISSUE),
     ("test_torch::TestTorchDeviceType::test_tensor_storage_type_*", "Tensor.storage_type() returns None", ISSUE),
-    ("test_shape_ops::TestShapeOps::test_nonzero_*", "a 0-dim CPU out= tensor is accepted and written on the host", ISSUE),
     ("test_sort_and_select::TestSortAndSelect::test_stable_sort_against_numpy_*", "index_fill refuses a CPU index tensor", ISSUE),
     ("test_indexing::TestIndexing::test_bool_indices", "the device's \"cannot be queued\" warning is counted by the test", ISSUE),
     ("test_reductions::TestReductions::test_mode_*", "torch.mode refuses neuron", ISSUE),
     ("test_reductions::TestReductions::test_dim_reduction_fns_fn_name_mode_*", "torch.mode refuses neuron", ISSUE),
-    ("test_modules::TestModule::test_memory_format_nn_GroupNorm_*", "GroupNorm's backward loses channels_last", ISSUE),
-    ("test_indexing::TestIndexing::test_jit_indexing", "TorchScript x[mask] = v: internal assert from the second call", ISSUE),
     # Found by this harness, not in the issue's list.
     ("test_tensor_creation_ops::TestTensorCreation::test_random_from_to_*",
      "random_(from, to) range checks and warnings: the CPU raises or warns at the call, neuron on the device or not at all", ISSUE),
-    ("test_tensor_creation_ops::TestTensorCreation::test_random_to_*",
-     "random_(to) range checks: the CPU raises at the call, neuron on the device", ISSUE),
     ("test_modules::TestModule::test_grad*_nn_CrossEntropyLoss_float64",
      "CrossEntropyLoss float64 gradients disagree with the numerical Jacobian on neuron (NaN in double backward)", ISSUE),
     ("test_modules::TestModule::test_gradgrad_nn_ConvTranspose3d_float64",
