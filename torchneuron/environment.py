@@ -422,6 +422,20 @@ REGISTRY: tuple[Variable, ...] = (
              reader="tests"),
     Variable("TORCHNEURON_SOAK_STEPS", Int(0), "tests", "", "steps of the soak benchmark (0: its own count)",
              default="0", reader="tests"),
+    Variable("TORCHNEURON_UPSTREAM", Choice("sample", "full"), "tests", "",
+             "PyTorch's own test files: CI's fixed sample or the files whole", default="sample", reader="tests"),
+    Variable("TORCHNEURON_UPSTREAM_SAMPLE_SCALE", Number(), "tests", "", "PyTorch's own test files: times the sample",
+             default="1", reader="tests"),
+    Variable("TORCHNEURON_UPSTREAM_JOBS", Int(1), "tests", "", "PyTorch's own test files: worker processes",
+             default="2", reader="tests"),
+    Variable("TORCHNEURON_UPSTREAM_REPORT", Path(), "tests", "", "PyTorch's own test files: where the report goes",
+             default="tests/upstream/REPORT.md", reader="tests"),
+    Variable("TORCHNEURON_UPSTREAM_CACHE", Path(), "tests", "", "PyTorch's own test files: where they are fetched to",
+             default=".cache/upstream", reader="tests"),
+    Variable("TORCHNEURON_UPSTREAM_DEBIAN_VERSION", Text(), "tests", "",
+             "PyTorch's own test files: the Debian source package's version", default="2.6.0+dfsg-7", reader="tests"),
+    Variable("TORCHNEURON_UPSTREAM_DEBIAN_SUITE", Text(), "tests", "",
+             "PyTorch's own test files: the Debian suite serving that version", default="trixie", reader="tests"),
 )
 
 _BY_NAME = {v.name: v for v in REGISTRY if not v.name.endswith("*")}
