@@ -3,16 +3,24 @@
 ``python tests/lightning_ddp_script.py OUT`` trains the test's model with
 ``Trainer(accelerator="neuron", devices=2, strategy="ddp_neuron")``. Lightning's
 launcher starts rank 1 by running this script again (``LOCAL_RANK=1``); each
-rank saves its losses, final parameters and what it ran on to ``OUT/rank<r>.pt``.
+rank saves its losses, final parameters and what it ran on to ``OUT/rank<r>.pt``,
+and what ``Trainer(accelerator="neuron")`` did before torchneuron.lightning was imported.
 """
 import sys
 
 import torch
 import torch.distributed as dist
-
-import torchneuron.lightning  # noqa: F401  registers "neuron" and "ddp_neuron"
 import lightning.pytorch as pl
 from torch.utils.data import DataLoader, TensorDataset
+
+# before the import below: does Lightning find "neuron" by itself (an entry point)?
+try:
+    pl.Trainer(accelerator="neuron", logger=False)
+    WITHOUT_IMPORT = "accepted"
+except ValueError as error:
+    WITHOUT_IMPORT = f"refused: {error}"
+
+import torchneuron.lightning  # noqa: E402,F401  registers "neuron" and "ddp_neuron"
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from test_lightning import BATCH, STEPS, Regressor, dataset  # noqa: E402
@@ -35,7 +43,7 @@ def main(out: str) -> None:
     torch.save({"losses": torch.stack(module.losses), "params": [p.detach().cpu() for p in module.parameters()],
                 "step_devices": sorted({str(d) for d in module.matmul_devices}), "root_device": str(trainer.strategy.root_device),
                 "strategy": type(trainer.strategy).__name__, "backend": record.backend,
-                "world_size": record.world_size}, f"{out}/rank{trainer.global_rank}.pt")
+                "world_size": record.world_size, "without_import": WITHOUT_IMPORT}, f"{out}/rank{trainer.global_rank}.pt")
 
 
 if __name__ == "__main__":

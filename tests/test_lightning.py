@@ -85,7 +85,7 @@ def assert_bitwise(a, b):
 def test_registries_know_neuron():
     assert "neuron" in AcceleratorRegistry.available_accelerators()
     assert isinstance(AcceleratorRegistry.get("neuron"), neuron_lightning.NeuronAccelerator)
-    assert {"single_neuron", "ddp_neuron", "ddp_neuron_spawn"} <= set(StrategyRegistry.available_strategies())
+    assert {"single_neuron", "ddp_neuron"} <= set(StrategyRegistry.available_strategies())
     neuron_lightning.register()  # a second registration is a no-op, not Lightning's "already present" error
     run = trainer(accelerator="neuron", strategy="single_neuron")
     assert isinstance(run.accelerator, neuron_lightning.NeuronAccelerator)
@@ -172,18 +172,25 @@ def test_16_mixed_autocasts_in_float16_with_a_neuron_grad_scaler():
     assert_bitwise(parameters(neuron), parameters(module))
 
 
-def test_ddp_on_two_devices_as_two_half_batches_by_hand(tmp_path):
+@pytest.fixture(scope="module")
+def ddp_ranks(tmp_path_factory):
+    """What each rank of lightning_ddp_script.py saved (one run for the module)."""
+    out = tmp_path_factory.mktemp("lightning_ddp")
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, os.path.join(HERE, "lightning_ddp_script.py"), str(out)],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_ddp_on_two_devices_as_two_half_batches_by_hand(ddp_ranks):
     """Trainer(accelerator="neuron", devices=2, strategy="ddp_neuron") in two
     processes (Lightning's launcher starts the second), over the
     torch.distributed backend "neuron": each rank's losses, and both ranks'
     final parameters, bit for bit the same steps computed by hand on the CPU
     (each rank's samples as Lightning's DistributedSampler draws them; the
     gradient is g0/2 + g1/2, as DDP averages two ranks)."""
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, os.path.join(HERE, "lightning_ddp_script.py"), str(tmp_path)],
-                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    ranks = ddp_ranks
     for rank, result in enumerate(ranks):
         assert result["strategy"] == "NeuronDDPStrategy" and result["backend"] == "neuron"
         assert result["world_size"] == 2
@@ -259,13 +266,11 @@ def test_gap_mixed_precision_is_made_for_cuda():
                     "Lightning's connector makes MixedPrecision(..., 'cuda') for accelerator 'neuron'")
 
 
-def test_gap_no_accelerator_without_the_import():
-    """Lightning reads no entry point for accelerators: without importing
-    torchneuron.lightning, "neuron" is refused (in a fresh interpreter)."""
-    code = ("import lightning.pytorch as pl\n"
-            "try:\n    pl.Trainer(accelerator='neuron', logger=False)\nexcept ValueError as e:\n    print('refused:', e)\n")
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    gap_still_there("refused: You selected an invalid accelerator name: `accelerator='neuron'`" in done.stdout,
-                    "Trainer(accelerator='neuron') is refused without importing torchneuron.lightning")
+def test_gap_no_accelerator_without_the_import(ddp_ranks):
+    """Lightning reads no entry point for accelerators: in a fresh interpreter
+    (lightning_ddp_script.py, before it imports torchneuron.lightning),
+    Trainer(accelerator="neuron") is refused."""
+    for result in ddp_ranks:
+        gap_still_there(result["without_import"].startswith(
+            "refused: You selected an invalid accelerator name: `accelerator='neuron'`"),
+            f"Trainer(accelerator='neuron') without importing torchneuron.lightning: {result['without_import']}")

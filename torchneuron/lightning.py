@@ -191,8 +191,8 @@ class SingleNeuronStrategy(SingleDeviceStrategy):
 class NeuronDDPStrategy(DDPStrategy):
     """DistributedDataParallel over ``neuron`` devices, one process each, with
     the ``torch.distributed`` backend ``neuron``: ``strategy="ddp_neuron"``
-    (processes started as with ``"ddp"``), ``"ddp_neuron_spawn"``, or
-    ``NeuronDDPStrategy(...)`` with DDPStrategy's arguments.
+    (Lightning starts the other ranks by running the script again, as with
+    ``"ddp"``), or ``NeuronDDPStrategy(...)`` with DDPStrategy's arguments.
 
     Lightning's DDPStrategy wraps the model under a CUDA stream when it has
     device ids; this one passes none (the module lives on one device, which
@@ -205,14 +205,11 @@ class NeuronDDPStrategy(DDPStrategy):
     @classmethod
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register("ddp_neuron", cls, description="DDP over neuron devices", start_method="popen")
-        strategy_registry.register("ddp_neuron_spawn", cls, description="DDP over neuron devices, spawned",
-                                   start_method="spawn")
 
 
 def register() -> None:
-    """Adds ``"neuron"`` to Lightning's accelerators and ``"single_neuron"``,
-    ``"ddp_neuron"``, ``"ddp_neuron_spawn"`` to its strategies (done at import;
-    again is a no-op)."""
+    """Adds ``"neuron"`` to Lightning's accelerators and ``"single_neuron"`` and
+    ``"ddp_neuron"`` to its strategies (done at import; again is a no-op)."""
     if NeuronAccelerator.name() not in AcceleratorRegistry:
         NeuronAccelerator.register_accelerators(AcceleratorRegistry)
     if SingleNeuronStrategy.strategy_name not in StrategyRegistry:
