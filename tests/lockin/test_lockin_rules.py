@@ -9,21 +9,25 @@ from torchneuron.lockin.source import Source, read_notebook
 
 from lockin_testing import analyse, fix, found
 
+#: the accelerator's type, "cpu" without one (device rewrites); None without one (comparisons)
+ACC = 'torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"'
+ACC_OR_NONE = '(torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else None)'
+
 # rule id -> (code, the line its finding is on, whether --fix rewrites it, the rewritten code or None)
 CASES = {
     "TNL001": ("import torch\nm = torch.nn.Linear(2, 2).cuda()\n", 2, True,
-               "import torch\nm = torch.nn.Linear(2, 2).to(torch.accelerator.current_accelerator())\n"),
+               "import torch\nm = torch.nn.Linear(2, 2).to(" + ACC + ")\n"),
     "TNL002": ("import torch\nx = torch.ones(1)\nprint(x.is_cuda)\n", 3, True,
-               "import torch\nx = torch.ones(1)\nprint(x.device.type == torch.accelerator.current_accelerator().type)\n"),
+               "import torch\nx = torch.ones(1)\nprint(x.device.type == " + ACC_OR_NONE + ")\n"),
     "TNL003": ("import torch\nx = torch.ones(1, device='cuda:1')\n", 2, True,
-               "import torch\nx = torch.ones(1, device=f'{torch.accelerator.current_accelerator().type}:1')\n"),
+               "import torch\nx = torch.ones(1, device=f'{" + ACC + "}:1')\n"),
     "TNL004": ("import torch\ntorch.cuda.synchronize(device=0)\n", 2, True,
                "import torch\ntorch.accelerator.synchronize(0)\n"),
     "TNL005": ("from torch.cuda import Event\ne = Event(enable_timing=True)\n", 1, True,
                "import torch\ne = torch.Event(enable_timing=True)\n"),
     "TNL006": ("import torch\nwith torch.cuda.amp.autocast(True):\n    pass\n", 2, True,
-               "import torch\nwith torch.autocast(device_type=torch.accelerator.current_accelerator().type, "
-               "dtype=torch.float16, enabled=True):\n    pass\n"),
+               "import torch\nwith torch.autocast(device_type=" + ACC + ", "
+               "dtype=torch.float16, enabled=torch.accelerator.is_available() and True):\n    pass\n"),
     "TNL007": ("import torch\ntorch.backends.cudnn.benchmark = True\n", 2, False, None),
     "TNL008": ("import torch\ntorch.backends.cuda.matmul.allow_tf32 = False  # exact\n", 2, True,
                "import torch\ntorch.set_float32_matmul_precision(\"highest\")  # exact\n"),
@@ -36,8 +40,7 @@ CASES = {
     "TNL014": ("from torch.utils.data import DataLoader\nDataLoader([], pin_memory=True, pin_memory_device='cuda')\n",
                2, True, "from torch.utils.data import DataLoader\nDataLoader([], pin_memory=True)\n"),
     "TNL015": ("import torch\nm = load('x', device_map={'': 0})\n", 2, True,
-               "import torch\nm = load('x', device_map={'': torch.device(torch.accelerator.current_accelerator()"
-               ".type, 0)})\n"),
+               "import torch\nm = load('x', device_map={'': torch.device(" + ACC + ", 0)})\n"),
     "TNL016": ("import torch\nf = torch.compile(lambda x: x, mode='max-autotune')\n", 2, True,
                "import torch\nf = torch.compile(lambda x: x, mode='max-autotune-no-cudagraphs')\n"),
     "TNL017": ("import torch.utils.cpp_extension\next = torch.utils.cpp_extension.CUDAExtension('k', ['k.cu'])\n", 2,
@@ -80,8 +83,9 @@ def test_cuda_method_forms():
     """
     assert found(code) == [(3, "TNL001", True), (4, "TNL001", True), (5, "TNL001", False)]
     out = fix(code)
-    assert "a = x.to(torch.device(torch.accelerator.current_accelerator().type, 0))" in out
-    assert "b = x.to(device=torch.device(torch.accelerator.current_accelerator().type, rank), non_blocking=True)" in out
+    # since PyTorch 2.5 an index is one of the current accelerator's devices
+    assert "a = x.to(0)" in out
+    assert "b = x.to(device=rank, non_blocking=True)" in out
 
 
 def test_device_strings_in_their_contexts():
@@ -96,11 +100,11 @@ def test_device_strings_in_their_contexts():
     assert found(code) == [(3, "TNL003", True), (3, "TNL004", True), (4, "TNL003", True), (5, "TNL003", True),
                            (6, "TNL003", True), (7, "TNL003", False)]
     out = fix(code)
-    acc = "torch.accelerator.current_accelerator().type"
-    assert f'device = {acc} if torch.accelerator.is_available() else "cpu"' in out
-    assert f'on_gpu = x.device.type == {acc}' in out
-    assert 'name = f"{' + acc + '}:{rank}"' in out
-    assert 'base = f"{' + acc + '}:" + str(rank)' in out
+    assert f'device = ({ACC}) if torch.accelerator.is_available() else "cpu"' in out
+    assert f'on_gpu = x.device.type == {ACC_OR_NONE}' in out   # False for a CPU tensor without an accelerator
+    inner = ACC.replace('"', "'")
+    assert 'name = f"{' + inner + '}:{rank}"' in out
+    assert 'base = f"{' + inner + '}:" + str(rank)' in out
 
 
 def test_amp_names_imported_and_called():
@@ -112,9 +116,9 @@ def test_amp_names_imported_and_called():
     """
     out = fix(code)
     assert "from torch.cuda" not in out and out.lstrip().startswith("import torch\n")
-    assert "scaler = torch.amp.GradScaler(torch.accelerator.current_accelerator().type, 2.0 ** 10)" in out
-    assert "with torch.autocast(device_type=torch.accelerator.current_accelerator().type, dtype=torch.bfloat16):" \
-        in out
+    assert f"scaler = torch.amp.GradScaler({ACC}, 2.0 ** 10, enabled=torch.accelerator.is_available())" in out
+    assert f"with torch.autocast(device_type={ACC}, dtype=torch.bfloat16, " \
+        "enabled=torch.accelerator.is_available()):" in out
     assert analyse_text(out).findings == []
 
 
@@ -137,14 +141,14 @@ def test_custom_fwd_decorators():
             return g
     """
     out = fix(code)
-    assert "@torch.amp.custom_fwd(device_type=torch.accelerator.current_accelerator().type)" in out
-    assert "@torch.amp.custom_bwd(device_type=torch.accelerator.current_accelerator().type)" in out
+    assert f"@torch.amp.custom_fwd(device_type={ACC})" in out
+    assert f"@torch.amp.custom_bwd(device_type={ACC})" in out
 
 
 def test_positional_only_targets():
     # torch.accelerator's functions take their argument by position
     assert fix("import torch\nn = torch.cuda.memory_allocated(device=1)\n") == \
-        "import torch\nn = torch.accelerator.memory_allocated(1)\n"
+        "import torch\nn = torch.accelerator.memory_allocated(1) if torch.accelerator.is_available() else 0\n"
     # torch.Event takes its options by keyword only: a positional one is left for a person
     assert found("import torch\ne = torch.cuda.Event(True)\n") == [(2, "TNL004", False)]
 
@@ -177,8 +181,10 @@ def test_module_aliases():
         (12, "TNL004"), (13, "TNL004")]
     out = fix(code)
     # rewrites name torch by the module's first name for it
-    assert "torch.accelerator.synchronize()\ntorch.get_device_module().manual_seed(0)\n" \
-           "torch.accelerator.synchronize()\ntorch.accelerator.empty_cache()\n" in out
+    assert "torch.accelerator.synchronize()\n" \
+           "torch.get_device_module().manual_seed(0) if torch.accelerator.is_available() else None\n" \
+           "torch.accelerator.synchronize()\n" \
+           "torch.accelerator.empty_cache() if torch.accelerator.is_available() else None\n" in out
     assert "import torch.cuda" not in out and "from torch" not in out
 
 
@@ -196,7 +202,7 @@ def test_values_followed_within_a_function():
     """
     assert found(code) == [(4, "TNL003", True), (7, "TNL015", True), (8, "TNL016", True)]
     out = fix(code)
-    assert 'placement = {"": torch.device(torch.accelerator.current_accelerator().type, 0)}' in out
+    assert 'placement = {"": torch.device(' + ACC + ', 0)}' in out
     assert 'mode = "max-autotune-no-cudagraphs"' in out
 
 
@@ -327,7 +333,7 @@ def test_fix_keeps_formatting_and_comments():
         return inputs
     """)
     assert fix(code) == code.replace(".cuda( non_blocking = True )",
-                                     ".to( torch.accelerator.current_accelerator(), non_blocking = True )")
+                                     ".to( " + ACC + ", non_blocking = True )")
 
 
 def test_source_of_a_py_file_maps_lines_to_themselves():

@@ -142,3 +142,29 @@ def test_torch_keeps_the_real_torch_cuda_inside():
         torch_sees = _get_available_device_type()
     assert program_sees is True and torch_sees == "neuron"   # this build has no CUDA, and torch knows it
     assert [s["what"] for s in r.sites] == ["torch.cuda.is_available"]
+
+
+def test_run_mode_redirects_load_generator_nccl_and_profiler(tmp_path):
+    from torch.profiler import ProfilerActivity
+
+    from torchneuron.lockin.redirect import _without_nccl
+    from torchneuron.lockin.source import python_files
+
+    path = tmp_path / "ck.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    with Redirection("neuron", [__file__]) as r:
+        a = torch.load(path, map_location="cuda")["w"]
+        b = torch.load(path, map_location={"cpu": "cuda:1"})["w"]
+        g = torch.Generator("cuda")
+        assert isinstance(torch.default_generator, torch.Generator) and isinstance(g, torch.Generator)
+        with torch.profiler.profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            pass
+    assert (a.device, b.device, g.device) == (torch.device("neuron", 0), torch.device("neuron", 1),
+                                              torch.device("neuron", 0))
+    assert ProfilerActivity.CUDA not in prof.activities and ProfilerActivity.PrivateUse1 in prof.activities
+    assert {s["to"] for s in r.sites} >= {"neuron", "{'cpu': 'neuron:1'}"}
+    assert _without_nccl("nccl", "neuron", "neuron") == "neuron"
+    assert _without_nccl("cpu:gloo,cuda:nccl", "neuron", "neuron") == "cpu:gloo,neuron:neuron"
+    assert _without_nccl("cpu:gloo,cuda:nccl", "gloo", "cpu") == "cpu:gloo"
+    # run --program . names the script's folder: the script is analysed once
+    assert python_files([__file__, os.path.dirname(__file__)]).count(__file__) == 1

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from . import names
 from .names import Binding, Lines, Scope
-from .rules import (CAPABILITY_GUARDS, CUDA_AMP, CUDA_API, CUDA_GRAPH_COMPILE_MODES, CUDA_GRAPH_NAMES,
+from .rules import (AMP_DEVICE_CALLS, CAPABILITY_GUARDS, CUDA_AMP, CUDA_API, CUDA_GRAPH_COMPILE_MODES, CUDA_GRAPH_NAMES,
                     CUDA_ONLY_HINTS, CUDA_ONLY_PACKAGES, CUDA_TENSOR_TYPES, FLASH_ATTENTION_IMPLEMENTATIONS,
                     MATMUL_PRECISION, PROCESS_GROUP_CALLS, RULES)
 from .source import Source
@@ -125,6 +125,8 @@ class Detector:
         self.alias_names: set[str] = set()
         self._alias_re: re.Pattern | None = None
         self.parent: dict[int, ast.AST] = {}
+        # id() of a "cuda" device type given to autocast or a GradScaler -> the call's enabled= guard
+        self.amp_device: dict[int, FixSpec] = {}
         starts = [0]
         for m in re.finditer("\n", source.text):
             starts.append(m.end())
@@ -507,7 +509,8 @@ class Detector:
                     return say("TNL004", f"calls {q} with arguments {shown} takes otherwise", shown + "(...)",
                                fixable=False, at=at)
                 return say("TNL004", f"calls {q}", shown + "(...)",
-                           self.spec("call_replace", call, code=target, positional=neutral.positional_only), at=at)
+                           self.spec("call_replace", call, code=target, positional=neutral.positional_only,
+                                     cpu_value=neutral.cpu_value), at=at)
             return say("TNL004", f"uses {q}", shown, self.spec("replace", at, code=target), at=at)
         if parts[:3] == ["torch", "backends", "cudnn"]:
             return say("TNL007", f"uses {q}", "none", fixable=False)
@@ -540,6 +543,13 @@ class Detector:
             self.report(call, "TNL006", "torch.amp.GradScaler() takes the CUDA device by default",
                         "torch.amp.GradScaler(torch.accelerator.current_accelerator().type)",
                         self.spec("grad_scaler_device", call))
+        if q in AMP_DEVICE_CALLS:
+            device = call.args[0] if call.args else \
+                next((k.value for k in call.keywords if k.arg in ("device_type", "device")), None)
+            if isinstance(device, ast.Constant) and device.value == "cuda":
+                # without CUDA, torch.cuda's autocast and GradScaler disabled themselves; the CPU's are
+                # real ones: the rewrite enables them only where there is an accelerator
+                self.amp_device[id(device)] = self.spec("amp_enabled", call, at=AMP_DEVICE_CALLS[q])
         if q in PROCESS_GROUP_CALLS:
             self.process_group(call, q)
         if q == "torch.compile" or (q is None and isinstance(func, ast.Attribute) and func.attr == "compile"
@@ -632,9 +642,11 @@ class Detector:
             self.report(node, "TNL010", f"names the NCCL backend ({v!r})", "no backend argument")
         elif DEVICE_STRING.match(v):
             fixable = fixable and not self.in_literal_type(node)
+            compare = isinstance(self.parent.get(id(node)), ast.Compare)
+            also = [self.amp_device[id(node)]] if id(node) in self.amp_device else []
             f = self.report(node, "TNL003", f"names the CUDA device ({v!r})",
                             "torch.accelerator.current_accelerator().type" + ("" if v == "cuda" else " + ':...'"),
-                            self.spec("device_string", node), fixable)
+                            self.spec("device_string", node, compare=compare, also=also), fixable)
             if f is not None:
                 f.literal = v if v == "cuda" or v[5:].isdigit() else "cuda:"
         elif v.startswith("NCCL_"):

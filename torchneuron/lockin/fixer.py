@@ -21,8 +21,18 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from .detect import FileResult, FixSpec, analyse_source
 from .source import Source, cell_source, read, split_cells, write_notebook
 
-ACCELERATOR = "{torch}.accelerator.current_accelerator()"
-ACCELERATOR_TYPE = ACCELERATOR + ".type"
+#: the accelerator's device type, "cpu" on a machine without one (where
+#: ``current_accelerator()`` is None, or names a device that is not there): a
+#: device built from it runs where the original's CPU branch ran
+ACCELERATOR_TYPE = ('{torch}.accelerator.current_accelerator().type if {torch}.accelerator.is_available() '
+                    'else {q}cpu{q}')
+#: the same for a comparison with a device's type: None where there is no accelerator, so
+#: ``x.device.type == ...`` stays False for a CPU tensor, as ``x.is_cuda`` and ``== "cuda"`` were
+ACCELERATOR_TYPE_OR_NONE = '{torch}.accelerator.current_accelerator().type if {torch}.accelerator.is_available() else None'
+AVAILABLE = "{torch}.accelerator.is_available()"
+#: parents under which a conditional expression needs no parentheses
+_NO_PARENS = (cst.Arg, cst.Assign, cst.AnnAssign, cst.Param, cst.Return, cst.Element, cst.DictElement,
+              cst.FormattedStringExpression, cst.Expr, cst.Index)
 #: torch.cuda.amp.autocast's positional parameters, which torch.autocast takes by keyword
 _AUTOCAST_POSITIONAL = ("enabled", "dtype", "cache_enabled")
 
@@ -63,10 +73,31 @@ class _Rewriter(cst.CSTTransformer):
         self.torch = torch_name
         self.applied: set[int] = set()
         self.names_torch = False   # whether a rewrite refers to torch
+        self.stack: list[cst.CSTNode] = []   # the nodes being visited, for a rewrite's parent
 
-    def code(self, template: str) -> cst.BaseExpression:
+    def code(self, template: str, quote: str = '"') -> cst.BaseExpression:
         self.names_torch = self.names_torch or "{torch}" in template
-        return cst.parse_expression(template.format(torch=self.torch))
+        return cst.parse_expression(template.format(torch=self.torch, q=quote))
+
+    def text(self, template: str, quote: str = '"') -> str:
+        self.names_torch = self.names_torch or "{torch}" in template
+        return template.format(torch=self.torch, q=quote)
+
+    def parent(self) -> cst.CSTNode | None:
+        return self.stack[-1] if self.stack else None
+
+    def parenthesized(self, expr: cst.BaseExpression, node: cst.CSTNode) -> cst.BaseExpression:
+        """``expr`` (a conditional) in place of ``node``: in parentheses unless where it
+        stands (an argument, an assigned value, an element) needs none."""
+        if getattr(node, "lpar", None):
+            return expr.with_changes(lpar=node.lpar, rpar=node.rpar)
+        if isinstance(self.parent(), _NO_PARENS):
+            return expr
+        return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+
+    def accelerator_type(self, node: cst.CSTNode | None = None) -> cst.BaseExpression:
+        expr = self.code(ACCELERATOR_TYPE)
+        return self.parenthesized(expr, node) if node is not None else expr
 
     def spec_of(self, node: cst.CSTNode) -> FixSpec | None:
         if not self.specs:
@@ -79,7 +110,12 @@ class _Rewriter(cst.CSTTransformer):
     def done(self, spec: FixSpec) -> None:
         self.applied.add(id(spec))
 
+    def on_visit(self, node) -> bool:
+        self.stack.append(node)
+        return True
+
     def on_leave(self, original, updated):
+        self.stack.pop()
         spec = self.spec_of(original)
         if spec is not None and spec.kind != "drop_arg":
             new = getattr(self, "fix_" + spec.kind)(updated, spec)
@@ -98,30 +134,41 @@ class _Rewriter(cst.CSTTransformer):
         args = list(node.args)
         if spec.params.get("positional"):   # torch.accelerator's functions take no keywords
             args = [a.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for a in args]
-        return node.with_changes(func=self.code(spec.params["code"]), args=args)
+        call = node.with_changes(func=self.code(spec.params["code"]), args=args)
+        cpu_value = spec.params.get("cpu_value")
+        if cpu_value is None:
+            return call
+        # torch.cuda's call was a no-op (or a constant) without CUDA; the neutral one raises
+        # without an accelerator: call it only where there is one
+        expr = cst.IfExp(test=self.code(AVAILABLE), body=call.with_changes(lpar=[], rpar=[]),
+                         orelse=cst.parse_expression(cpu_value))
+        return self.parenthesized(expr, node)
 
     def fix_device_string(self, node: cst.SimpleString, spec):
         value = node.evaluated_value
+        template = ACCELERATOR_TYPE_OR_NONE if spec.params.get("compare") else ACCELERATOR_TYPE
         if value == "cuda":
-            return self.code(ACCELERATOR_TYPE).with_changes(lpar=node.lpar, rpar=node.rpar)
+            return self.parenthesized(self.code(template), node)
         prefix, quote = _quote(node)
         rest = value[len("cuda"):].replace("{", "{{").replace("}", "}}")
-        self.names_torch = True
-        text = f"f{quote}{{{ACCELERATOR_TYPE.format(torch=self.torch)}}}{rest}{quote}"
+        inner = "'" if '"' in quote else '"'
+        text = f"f{quote}{{{self.text(template, inner)}}}{rest}{quote}"
         return cst.parse_expression(text).with_changes(lpar=node.lpar, rpar=node.rpar)
 
     def fix_device_fstring(self, node: cst.FormattedString, spec):
         first = node.parts[0]
         rest = first.value[len("cuda"):]
-        head = [cst.FormattedStringExpression(expression=self.code(ACCELERATOR_TYPE))]
+        inner = "'" if '"' in node.end else '"'
+        head = [cst.FormattedStringExpression(expression=self.code(ACCELERATOR_TYPE, inner))]
         if rest:
             head.append(cst.FormattedStringText(rest))
         return node.with_changes(parts=[*head, *node.parts[1:]])
 
     def fix_is_cuda(self, node: cst.Attribute, spec):
         left = cst.Attribute(value=cst.Attribute(value=node.value, attr=cst.Name("device")), attr=cst.Name("type"))
+        right = self.code(ACCELERATOR_TYPE_OR_NONE).with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         comparison = cst.Comparison(left=left, comparisons=[cst.ComparisonTarget(
-            operator=cst.Equal(), comparator=self.code(ACCELERATOR_TYPE))])
+            operator=cst.Equal(), comparator=right)])
         if spec.params.get("paren"):
             comparison = comparison.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         return comparison.with_changes(lpar=[*comparison.lpar, *node.lpar], rpar=[*node.rpar, *comparison.rpar])
@@ -132,15 +179,32 @@ class _Rewriter(cst.CSTTransformer):
         device_at = next((i for i, a in enumerate(args) if a.keyword is None or a.keyword.value == "device"), None)
         if device_at is None:
             comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if args else cst.MaybeSentinel.DEFAULT
-            args.insert(0, cst.Arg(self.code(ACCELERATOR), comma=comma))
-        else:
-            a = args[device_at]
-            index = a.value
-            device = cst.Call(func=self.code("{torch}.device"), args=[
-                cst.Arg(self.code(ACCELERATOR_TYPE), comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))),
-                cst.Arg(index)])
-            args[device_at] = a.with_changes(value=device)
+            args.insert(0, cst.Arg(self.accelerator_type(), comma=comma))
+        # .cuda(d): an index, a torch.device or a device string; since PyTorch 2.5 ``.to(d)``
+        # takes an index as one of the current accelerator's devices, and the others as they are
         return node.with_changes(func=func, args=args)
+
+    def enabled_guard(self, node: cst.Call, at: int | None = None) -> cst.Call:
+        """``node`` (autocast or a GradScaler) enabled only where there is an accelerator, as
+        torch.cuda's disabled themselves without CUDA; ``at``: the positional index of ``enabled``."""
+        args = list(node.args)
+        i = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "enabled"), None)
+        if i is None and at is not None and len(args) > at and all(a.keyword is None for a in args[:at + 1]):
+            i = at
+        if i is not None:
+            value = args[i].value
+            if isinstance(value, (cst.IfExp, cst.BooleanOperation, cst.Lambda, cst.NamedExpr)) and not value.lpar:
+                value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+            guarded = cst.BooleanOperation(left=self.code(AVAILABLE), operator=cst.And(), right=value)
+            args[i] = args[i].with_changes(value=guarded)
+            return node.with_changes(args=args)
+        if args:
+            args[-1] = args[-1].with_changes(comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        args.append(cst.Arg(self.code(AVAILABLE), keyword=cst.Name("enabled"), equal=_equal()))
+        return node.with_changes(args=args)
+
+    def fix_amp_enabled(self, node: cst.Call, spec):
+        return self.enabled_guard(node, spec.params.get("at"))
 
     def fix_amp_autocast(self, node: cst.Call, spec):
         converted = []
@@ -149,7 +213,7 @@ class _Rewriter(cst.CSTTransformer):
                 a = a.with_changes(keyword=cst.Name(_AUTOCAST_POSITIONAL[i]), equal=_equal())
             converted.append(a)
         comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
-        head = [cst.Arg(self.code(ACCELERATOR_TYPE), keyword=cst.Name("device_type"), equal=_equal(),
+        head = [cst.Arg(self.accelerator_type(), keyword=cst.Name("device_type"), equal=_equal(),
                         comma=comma)]
         if not any(a.keyword is not None and a.keyword.value == "dtype" for a in converted):
             # torch.cuda.amp.autocast's default; torch.autocast's would be the device's own
@@ -157,18 +221,21 @@ class _Rewriter(cst.CSTTransformer):
                                 comma=comma))
         if not converted:
             head[-1] = head[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return node.with_changes(func=self.code("{torch}.autocast"), args=[*head, *converted])
+        call = node.with_changes(func=self.code("{torch}.autocast"), args=[*head, *converted])
+        return self.enabled_guard(call)
 
     def fix_amp_grad_scaler(self, node: cst.Call, spec):
         return self.fix_grad_scaler_device(node.with_changes(func=self.code("{torch}.amp.GradScaler")), spec)
 
     def fix_grad_scaler_device(self, node: cst.Call, spec):
         comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if node.args else cst.MaybeSentinel.DEFAULT
-        return node.with_changes(args=[cst.Arg(self.code(ACCELERATOR_TYPE), comma=comma), *node.args])
+        call = node.with_changes(args=[cst.Arg(self.accelerator_type(), comma=comma), *node.args])
+        # torch.amp.GradScaler(device, init_scale, growth_factor, backoff_factor, growth_interval, enabled)
+        return self.enabled_guard(call, 5)
 
     def fix_amp_custom_decorator(self, node, spec):
         func = self.code("{torch}.amp." + spec.params["member"])
-        device_type = cst.Arg(self.code(ACCELERATOR_TYPE), keyword=cst.Name("device_type"), equal=_equal())
+        device_type = cst.Arg(self.accelerator_type(), keyword=cst.Name("device_type"), equal=_equal())
         if isinstance(node, cst.Call):
             args = list(node.args)
             if args:
@@ -256,6 +323,7 @@ def _with_torch_import(module: cst.Module) -> cst.Module:
 def fix_text(text: str, result: FileResult, path: str = "<text>") -> FixResult:
     """``text`` with every fixable finding of ``result`` rewritten."""
     specs = [f.fix for f in result.findings if f.fixable and f.fix is not None]
+    specs += [also for s in specs for also in s.params.get("also", ())]   # a second node the rewrite changes
     if not specs:
         return FixResult(path, text, text)
     torch_name = result.torch_name or "torch"

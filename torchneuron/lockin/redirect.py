@@ -17,8 +17,16 @@ site that needed redirection is recorded:
   (there is no accelerator in that run);
 * ``torch.autocast``, ``torch.amp.autocast`` and ``torch.amp.GradScaler`` take
   the target for ``"cuda"``; ``torch.backends.cudnn`` records the settings a
-  program makes; ``init_process_group`` records an NCCL backend (and takes
-  gloo on the CPU target: distributed has no neuron backend).
+  program makes; ``init_process_group`` takes the target's backend for NCCL
+  (``neuron``, torchneuron/distributed.py's; gloo on the CPU target);
+* ``torch.load`` maps ``map_location="cuda"`` (a string, a device, the values
+  of a dict) to the target, and storages saved on CUDA to the target when
+  the program gives no ``map_location``; ``torch.Generator("cuda")`` is the
+  target's generator; ``ProfilerActivity.CUDA`` in ``torch.profiler.profile``
+  is the device's activity (``PrivateUse1``; dropped on the CPU target).
+
+Each record says what was redirected and to what (``what``, ``to``), for the
+report's list of redirections.
 
 A call site is the innermost frame outside torch and this package; when that
 frame is in a library, the innermost frame in the program's own files is
@@ -60,7 +68,7 @@ class Recorder:
         path = os.path.abspath(filename)
         return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in self.program_roots)
 
-    def record(self, rule: str, what: str, value=None) -> None:
+    def record(self, rule: str, what: str, value=None, to: str | None = None) -> None:
         """``value``: the device string or integer that was redirected, for the
         report to tell a literal it already found from one built at run time."""
         frame = sys._getframe(1)
@@ -85,7 +93,7 @@ class Recorder:
                 return
             self._seen.add(key)
             record = {"rule": rule, "what": what, "path": None, "line": None,
-                      "value": value if isinstance(value, (str, int)) else None}
+                      "value": value if isinstance(value, (str, int)) else None, "to": to}
             if program is not None:
                 line, cell = program.f_lineno, None
                 if self.line_map is not None and program.f_code.co_filename == self.line_map[0]:
@@ -282,9 +290,14 @@ class _DeviceMode(TorchFunctionMode):
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
-            self.recorder.record("TNL001", ".cuda()")
+            self.recorder.record("TNL001", ".cuda()", to=self.target)
             device = args[1] if len(args) > 1 else kwargs.pop("device", None)
-            target = self.make(None) if device is None else self.device(device) or self.make(device)
+            if device is None:
+                target = self.make(None)
+            elif type(device) is int:
+                target = self.device(device) or self.make(device)
+            else:   # a torch.device or a string: CUDA's become the target, the others stay
+                target = self.device(device) or device
             kwargs.pop("device", None)
             return args[0].to(target, **kwargs)
         if func == self.is_cuda_getter:
@@ -305,7 +318,8 @@ class _DeviceMode(TorchFunctionMode):
                     changed = kwargs[k]
                     kwargs = {**kwargs, k: d}
         if changed is not None:
-            self.recorder.record("TNL003", f"device {changed!r} in {getattr(func, '__name__', func)}", changed)
+            self.recorder.record("TNL003", f"device {changed!r} in {getattr(func, '__name__', func)}", changed,
+                                 to=self.target)
         return func(*new_args, **kwargs)
 
 
@@ -319,7 +333,7 @@ def _device_type_subclass(base, target: str, recorder: Recorder, what: str, defa
             if device_type is None and default_cuda:
                 device_type = "cuda"
             if device_type == "cuda" and not _called_from_torch():
-                recorder.record("TNL006" if default_cuda else "TNL003", f"{what}('cuda')", "cuda")
+                recorder.record("TNL006" if default_cuda else "TNL003", f"{what}('cuda')", "cuda", to=target)
                 device_type = target
             elif device_type == "cuda":
                 device_type = target
@@ -339,6 +353,114 @@ def _cpu_ddp(base, recorder: Recorder):
 
     DistributedDataParallel.__module__ = base.__module__
     return DistributedDataParallel
+
+
+def _neuron_backend() -> str:
+    import torchneuron.distributed  # noqa: F401  (registers the backend)
+    return "neuron"
+
+
+def _without_nccl(backend: str, replacement: str, target: str) -> str:
+    """"nccl" -> the target's backend; "cpu:gloo,cuda:nccl" -> "cpu:gloo,neuron:neuron"
+    ("cpu:gloo" alone on the CPU target)."""
+    if ":" not in backend:
+        return replacement
+    parts = []
+    for part in backend.split(","):
+        device, _, name = part.partition(":")
+        if device == "cuda" or name == "nccl":
+            if target == "cpu":
+                continue
+            part = f"{target}:{replacement}"
+        parts.append(part)
+    return ",".join(dict.fromkeys(parts)) or "gloo"
+
+
+def _load(original, target: str, recorder: Recorder):
+    """torch.load whose CUDA locations are the target."""
+    from torch.serialization import default_restore_location
+
+    def location(value):
+        if isinstance(value, torch.device) and value.type == "cuda":
+            return str(torch.device(target) if target == "cpu" or value.index is None
+                       else torch.device(target, value.index))
+        if isinstance(value, str):
+            m = _DEVICE_STRING.match(value)
+            if m is not None:
+                return target if target == "cpu" or m.group(2) is None else f"{target}:{m.group(2)}"
+        return None
+
+    def saved_on_cuda(storage, where):   # no map_location: a checkpoint saved on CUDA
+        new = location(where)
+        if new is None:
+            return None
+        recorder.record("TNL003", f"torch.load of a storage saved on {where!r}", where, to=new)
+        return default_restore_location(storage, new)
+
+    @functools.wraps(original)
+    def load(f, map_location=None, *args, **kwargs):
+        if map_location is None:
+            map_location = saved_on_cuda
+        elif isinstance(map_location, dict):
+            mapped = {k: location(v) or v for k, v in map_location.items()}
+            if mapped != map_location:
+                recorder.record("TNL003", f"torch.load(map_location={map_location!r})", None, to=str(mapped))
+                map_location = mapped
+        elif location(map_location) is not None:
+            new = location(map_location)
+            recorder.record("TNL003", f"torch.load(map_location={str(map_location)!r})", str(map_location), to=new)
+            map_location = new
+        return original(f, map_location, *args, **kwargs)
+
+    return load
+
+
+def _generator(original, target: str, recorder: Recorder):
+    """torch.Generator whose "cuda" device is the target (a subclass: isinstance holds)."""
+
+    class _Type(type(original)):
+        def __instancecheck__(cls, obj):   # generators made before the redirection are generators too
+            return isinstance(obj, original)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, original)
+
+    class Generator(original, metaclass=_Type):
+        def __new__(cls, device="cpu"):
+            is_cuda = (isinstance(device, str) and _DEVICE_STRING.match(device) is not None) or \
+                (isinstance(device, torch.device) and device.type == "cuda")
+            if is_cuda:
+                index = torch.device(device).index
+                new = torch.device(target) if target == "cpu" or index is None else torch.device(target, index)
+                recorder.record("TNL003", f"torch.Generator({str(device)!r})", str(device), to=str(new))
+                device = new
+            return original.__new__(cls, device)
+
+        def __init__(self, device="cpu"):
+            pass
+
+    Generator.__name__ = Generator.__qualname__ = "Generator"
+    Generator.__module__ = original.__module__
+    return Generator
+
+
+def _profile(original, target: str, recorder: Recorder):
+    """torch.profiler.profile whose ProfilerActivity.CUDA is the device's activity."""
+    from torch.profiler import ProfilerActivity
+
+    class profile(original):   # noqa: N801  (torch's name)
+        def __init__(self, *args, activities=None, **kwargs):
+            if activities is not None and ProfilerActivity.CUDA in activities:
+                device = [] if target == "cpu" else [ProfilerActivity.PrivateUse1]
+                new = [a for a in activities if a != ProfilerActivity.CUDA] + device
+                new = list(dict.fromkeys(new))
+                recorder.record("TNL004", "torch.profiler.profile(activities=[ProfilerActivity.CUDA])",
+                                to=", ".join(f"ProfilerActivity.{a.name}" for a in new))
+                activities = new
+            super().__init__(*args, activities=activities, **kwargs)
+
+    profile.__module__ = original.__module__
+    return profile
 
 
 class Redirection(contextlib.AbstractContextManager):
@@ -386,15 +508,23 @@ class Redirection(contextlib.AbstractContextManager):
                                                                  "torch.amp.GradScaler", True))
         original_init = dist.init_process_group
 
+        backend_of_target = "gloo" if target == "cpu" else _neuron_backend()
+
         @functools.wraps(original_init)
         def init_process_group(backend=None, *args, **kwargs):
+            if "backend" in kwargs:
+                backend = kwargs.pop("backend")
             if isinstance(backend, str) and "nccl" in backend:
-                rec.record("TNL010", f"init_process_group({backend!r})")
-                if target == "cpu":
-                    backend = "gloo"
+                new = _without_nccl(backend, backend_of_target, target)
+                rec.record("TNL010", f"init_process_group({backend!r})", to=new)
+                backend = new
             return original_init(backend, *args, **kwargs)
 
         self._set(dist, "init_process_group", init_process_group)
+        self._set(dist.distributed_c10d, "init_process_group", init_process_group)
+        self._set(torch, "load", _load(torch.load, target, rec))
+        self._set(torch, "Generator", _generator(torch.Generator, target, rec))
+        self._set(torch.profiler, "profile", _profile(torch.profiler.profile, target, rec))
         if target == "cpu":   # device_ids name accelerator devices; a CPU module takes none
             ddp = _cpu_ddp(torch.nn.parallel.DistributedDataParallel, rec)
             self._set(torch.nn.parallel, "DistributedDataParallel", ddp)

@@ -194,6 +194,13 @@ def render_table(report: Report, list_findings: bool = True) -> str:
             out.append(f"  {_where(f)}  {f['rule']} {mark}{run}  {f['message']}")
             out.append(f"      {f['snippet']}")
             out.append(f"      -> {f['rewrite']}" if f["fixable"] else f"      -> {f['rewrite']}; guard: {f['guard']}")
+    redirected = [x for x in report.runtime_sites if x.get("to")]
+    if redirected:
+        out += ["", "redirected at run time (what -> to; where):"]
+        for x in redirected:
+            where = f"{x['path']}:{x['line']}" if x.get("path") else \
+                f"{x.get('library_path')}:{x.get('library_line')}"
+            out.append(f"  {x['rule']}  {x['what']} -> {x['to']}  ({where})")
     if report.library_sites:
         out += ["", "redirected inside libraries (no line of the program on the stack):"]
         out += [f"  {s['library_path']}:{s['library_line']}  {s['rule']}  {s['what']}" for s in report.library_sites]

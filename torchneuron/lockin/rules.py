@@ -112,18 +112,34 @@ class Neutral:
     ``positional_only`` the target takes its arguments by position only
     (``torch.accelerator``'s functions), so a keyword argument is turned into
     a positional one; ``max_positional`` limits the positional arguments a
-    call may pass (``torch.Event`` takes its options by keyword only)."""
+    call may pass (``torch.Event`` takes its options by keyword only).
+    ``cpu_value``: what the ``torch.cuda`` call gives on a machine without CUDA,
+    where it is a no-op or a constant and the neutral call would raise (no
+    accelerator: ``torch.accelerator`` raises, ``torch.get_device_module()`` is
+    ``torch.cpu``, which has no generator); the rewrite then calls the neutral
+    one only under ``torch.accelerator.is_available()`` and gives this otherwise."""
     target: str
     positional_only: bool = False
     max_positional: int | None = None
+    cpu_value: str | None = None
 
 
-def _accelerator(name: str, positional_only: bool = False) -> Neutral:
-    return Neutral("{torch}.accelerator." + name, positional_only)
+def _accelerator(name: str, positional_only: bool = False, cpu_value: str | None = None) -> Neutral:
+    return Neutral("{torch}.accelerator." + name, positional_only, cpu_value=cpu_value)
 
 
-def _device_module(name: str) -> Neutral:
-    return Neutral("{torch}.get_device_module()." + name)
+def _device_module(name: str, cpu_value: str | None = None) -> Neutral:
+    return Neutral("{torch}.get_device_module()." + name, cpu_value=cpu_value)
+
+
+#: torch.cuda calls that work without CUDA (lazy seeding, a cache with nothing in it,
+#: zero statistics) -> their value there; checked on a CPU-only build (tests/lockin)
+CPU_TOLERANT = {
+    "empty_cache": "None", "memory_allocated": "0", "max_memory_allocated": "0", "memory_reserved": "0",
+    "max_memory_reserved": "0", "memory_stats": "{}", "manual_seed": "None", "manual_seed_all": "None",
+    "seed": "None", "seed_all": "None", "set_rng_state": "None", "set_rng_state_all": "None",
+    "get_rng_state_all": "[]", "is_bf16_supported": "False", "is_initialized": "False",
+}
 
 
 #: ``torch.cuda.<name>`` (and ``torch.cuda.memory.<name>``) -> its neutral form
@@ -136,19 +152,16 @@ CUDA_API: dict[str, Neutral] = {
     "synchronize": _accelerator("synchronize", True),
     "current_stream": _accelerator("current_stream", True),
     "set_stream": _accelerator("set_stream", True),
-    "empty_cache": _accelerator("empty_cache"),
-    "memory_allocated": _accelerator("memory_allocated", True),
-    "max_memory_allocated": _accelerator("max_memory_allocated", True),
-    "memory_reserved": _accelerator("memory_reserved", True),
-    "max_memory_reserved": _accelerator("max_memory_reserved", True),
-    "memory_stats": _accelerator("memory_stats", True),
+    "empty_cache": _accelerator("empty_cache", cpu_value=CPU_TOLERANT["empty_cache"]),
+    **{name: _accelerator(name, True, CPU_TOLERANT[name]) for name in (
+        "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats")},
     "reset_peak_memory_stats": _accelerator("reset_peak_memory_stats", True),
     "reset_accumulated_memory_stats": _accelerator("reset_accumulated_memory_stats", True),
     "mem_get_info": _accelerator("get_memory_info", True),
     "Stream": Neutral("{torch}.Stream", max_positional=1),
     "Event": Neutral("{torch}.Event", max_positional=0),
     "OutOfMemoryError": Neutral("{torch}.OutOfMemoryError"),
-    **{name: _device_module(name) for name in (
+    **{name: _device_module(name, CPU_TOLERANT.get(name)) for name in (
         "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state",
         "get_rng_state_all", "set_rng_state_all", "get_device_name", "get_device_properties",
         "get_device_capability", "is_bf16_supported", "stream", "StreamContext", "default_stream",
@@ -197,3 +210,7 @@ MATMUL_PRECISION = {True: "high", False: "highest"}
 #: so its findings are guarded (reported, not counted)
 CAPABILITY_GUARDS = frozenset({"torch.backends.cudnn.is_available", "torch.backends.cuda.is_built",
                                "torch.distributed.is_nccl_available"})
+
+#: calls that take a device type first -> the positional index of their ``enabled``
+AMP_DEVICE_CALLS = {"torch.autocast": 2, "torch.amp.autocast": 2, "torch.amp.autocast_mode.autocast": 2,
+                    "torch.amp.GradScaler": 5, "torch.amp.grad_scaler.GradScaler": 5}

@@ -144,8 +144,9 @@ def split_cells(source: Source, text: str) -> dict[int, str]:
 
 
 def python_files(paths: list[str]) -> list[str]:
-    """Every .py and .ipynb file under the given files and folders, sorted per folder."""
-    found = []
+    """Every .py and .ipynb file under the given files and folders, sorted per folder,
+    each once (``run --program .`` names the script's folder, which holds the script)."""
+    found, seen = [], set()
     for p in paths:
         if os.path.isdir(p):
             for root, dirs, files in os.walk(p):
@@ -153,4 +154,10 @@ def python_files(paths: list[str]) -> list[str]:
                 found.extend(os.path.join(root, f) for f in sorted(files) if f.endswith((".py", ".ipynb")))
         else:
             found.append(p)
-    return found
+    unique = []
+    for f in found:
+        key = os.path.realpath(f)
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
