@@ -44,8 +44,6 @@ def _drain_at_exit():
     if not device.is_initialized():
         return
     indices = range(device.device_count())
-    if not _forked_child:
-        _settle_autograd_threads(indices)
     interrupted = False
     if getattr(sys, "last_type", None) is None:  # no uncaught exception ends the process: let the work finish
         deadline = time.monotonic() + _exit_timeout()
@@ -72,6 +70,8 @@ def _drain_at_exit():
         for message in unreported:
             print("  " + message.replace("\n", "\n  "), file=sys.stderr)
         _C._set_exit_outcome("unreported_errors")
+    if not _forked_child and not interrupted:
+        _settle_autograd_threads(indices)  # after the drain: its errors are the program's, reported above
 
 
 _forked_child = False
