@@ -69,8 +69,6 @@ KNOWN_DEFECTS = [
      "ConvTranspose3d double backward: neuron refuses a write to a tensor with internal overlap that the CPU accepts", ISSUE),
     ("test_linalg::TestLinalg::test_*errors_and_warnings*",
      "a resized out= warns twice on neuron (the Python meta pass's warning, then the kernel's)", ISSUE),
-    ("test_foreach::TestForeach::test_pointwise_op_with_tensor_of_scalarlist_overload__foreach_addcdiv_is_fastpath_True_int16",
-     "addcdiv with a CPU tensor of scalars: neuron raises the device mismatch where the CPU refuses integer division", ISSUE),
 ]
 
 

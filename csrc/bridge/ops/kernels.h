@@ -39,6 +39,13 @@ at::Scalar local_scalar_dense(const at::Tensor& self);
 // random.cpp: random operators whose CPU kernels would use the CPU generator
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train);
 
+// foreach_scalars.cpp: in-place foreach overloads taking a host tensor of
+// scalars, read at the call and passed on as the Scalar[] overload
+void foreach_addcdiv_tensor_(at::TensorList self, at::TensorList tensor1, at::TensorList tensor2,
+                             const at::Tensor& scalars);
+void foreach_addcmul_tensor_(at::TensorList self, at::TensorList tensor1, at::TensorList tensor2,
+                             const at::Tensor& scalars);
+
 // lean_path.cpp: the lean path for small operands of one dtype in plain
 // layouts (contiguous; matrices also transposed); the rest of their calls go
 // to the executor
