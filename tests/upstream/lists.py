@@ -58,8 +58,6 @@ KNOWN_DEFECTS = [
     ("test_torch::TestTorchDeviceType::test_tensor_storage_type_*", "Tensor.storage_type() returns None", ISSUE),
     ("test_sort_and_select::TestSortAndSelect::test_stable_sort_against_numpy_*", "index_fill refuses a CPU index tensor", ISSUE),
     ("test_indexing::TestIndexing::test_bool_indices", "the device's \"cannot be queued\" warning is counted by the test", ISSUE),
-    ("test_reductions::TestReductions::test_mode_*", "torch.mode refuses neuron", ISSUE),
-    ("test_reductions::TestReductions::test_dim_reduction_fns_fn_name_mode_*", "torch.mode refuses neuron", ISSUE),
     # Found by this harness, not in the issue's list.
     ("test_tensor_creation_ops::TestTensorCreation::test_random_from_to_*",
      "random_(from, to) range checks and warnings: the CPU raises or warns at the call, neuron on the device or not at all", ISSUE),
