@@ -59,8 +59,6 @@ KNOWN_DEFECTS = [
     ("test_sort_and_select::TestSortAndSelect::test_stable_sort_against_numpy_*", "index_fill refuses a CPU index tensor", ISSUE),
     ("test_indexing::TestIndexing::test_bool_indices", "the device's \"cannot be queued\" warning is counted by the test", ISSUE),
     # Found by this harness, not in the issue's list.
-    ("test_tensor_creation_ops::TestTensorCreation::test_random_from_to_*",
-     "random_(from, to) range checks and warnings: the CPU raises or warns at the call, neuron on the device or not at all", ISSUE),
     ("test_modules::TestModule::test_grad*_nn_CrossEntropyLoss_float64",
      "CrossEntropyLoss float64 gradients disagree with the numerical Jacobian on neuron (NaN in double backward)", ISSUE),
     ("test_modules::TestModule::test_gradgrad_nn_ConvTranspose3d_float64",
