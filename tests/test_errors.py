@@ -61,6 +61,42 @@ def test_errors_needing_no_data_are_raised_at_the_call_as_on_the_cpu(name):
     assert torch.neuron.device_errors()["total"] == 0  # nothing deferred
 
 
+
+def _floats(d):
+    return [torch.ones(3, device=d), torch.ones(5, device=d)]
+
+
+# A Scalar the CPU kernel refuses by its value (complex into a real tensor, a
+# fraction into an integer one, a bool subtracted), after a call with the same
+# tensors and an accepted value has queued: the value decides, per Scalar and
+# per element of a Scalar[], so the refusal still comes at the call.
+# (call, accepted value, refused value)
+SCALAR_VALUES_AT_THE_CALL = {
+    "foreach_sub_scalarlist_complex": (lambda d, s: torch._foreach_sub_(_floats(d), [1.0, s]), 2.0, 1j),
+    "foreach_sub_scalarlist_bool": (lambda d, s: torch._foreach_sub_(_floats(d), [s, 1.0]), 2.0, True),
+    "foreach_sub_scalar_complex": (lambda d, s: torch._foreach_sub_(_floats(d), s), 2.0, 1j),
+    "foreach_add_scalarlist_fraction_into_int": (
+        lambda d, s: torch._foreach_add_([torch.ones(3, dtype=torch.int64, device=d)], [s]), 2, 1.5),
+    "foreach_lerp_scalarlist_complex": (lambda d, s: torch._foreach_lerp_(_floats(d), _floats(d), [0.5, s]), 0.25, 1j),
+    "foreach_addcmul_scalarlist_complex": (
+        lambda d, s: torch._foreach_addcmul_(_floats(d), _floats(d), _floats(d), [s, 0.5]), 0.25, 1j),
+    "foreach_addcdiv_scalarlist_complex": (
+        lambda d, s: torch._foreach_addcdiv_(_floats(d), _floats(d), _floats(d), [s, 0.5]), 0.25, 1j),
+    "foreach_div_scalarlist_complex": (lambda d, s: torch._foreach_div_(_floats(d), [s, 2.0]), 4.0, 1j),
+}
+
+
+@pytest.mark.parametrize("name", SCALAR_VALUES_AT_THE_CALL)
+def test_a_refused_scalar_value_is_raised_at_the_call_after_accepted_values_queued(name):
+    fn, good, bad = SCALAR_VALUES_AT_THE_CALL[name]
+    want = _outcome(lambda d: fn(d, bad), "cpu")
+    assert want != "ok"
+    for _ in range(2):  # the first call of a signature runs synchronously, the second queues
+        fn("neuron", good)
+    assert _outcome(lambda d: fn(d, bad), "neuron") == want
+    torch.neuron.synchronize()
+    assert torch.neuron.device_errors()["total"] == 0  # nothing deferred
+
 # Errors only the data shows: raised at the next synchronising call, as the
 # CPU kernel's exception type (CUDA raises a RuntimeError for all of them).
 DATA_ERRORS = {

@@ -82,6 +82,49 @@ def test_foreach_update_is_one_task_and_new_float_values_reuse_its_meta():
         assert torch.equal(a.cpu(), b)
 
 
+@pytest.mark.parametrize("op", ["_foreach_addcdiv_", "_foreach_addcmul_"])
+def test_foreach_tensor_of_scalars_is_read_on_the_host_at_the_call(op):
+    """The in-place foreach overloads taking their scalars as a 1-D CPU tensor
+    read it at the call, as the CPU does: values bit for bit, a later change
+    to the host tensor does not reach queued work, and the CPU's errors
+    (integer division, a wrong length, a 2-D tensor, scalars on the device)
+    come at the call with its message."""
+    fn = getattr(torch, op)
+    g = torch.Generator().manual_seed(SEED)
+
+    def operands(device, dtype=torch.float32):
+        return [[(torch.randn(n, generator=g) * 4 + 8).to(dtype).to(device) for n in (3, 70)] for _ in range(3)]
+
+    def outcome(device, dtype, scalars):
+        try:
+            fn(*operands(device, dtype), scalars)
+        except Exception as e:  # noqa: BLE001  (the type is what is compared)
+            return type(e).__name__, str(e)
+        return "ok"
+
+    cpu = operands("cpu")
+    dev = [[t.to("neuron") for t in ts] for ts in cpu]
+    scalars = torch.tensor([0.5, -3.0])
+    for ts in (cpu, dev):
+        fn(*ts, scalars)
+    scalars.fill_(100.0)  # after the neuron call returned; its work may still be queued
+    for a, b in zip(dev[0], cpu[0]):
+        assert torch.equal(a.cpu(), b)
+    for dtype, scalars in [
+        (torch.int16, torch.tensor([1, 2])),
+        (torch.float32, torch.tensor([1.0, 2.0, 3.0])),
+        (torch.float32, torch.ones(2, 1)),
+    ]:
+        want = outcome("cpu", dtype, scalars)
+        assert want == "ok" if dtype is torch.int16 and op == "_foreach_addcmul_" else want != "ok"
+        assert outcome("neuron", dtype, scalars) == want
+    # Scalars on the device: refused as CUDA refuses its own.
+    assert outcome("neuron", torch.float32, torch.ones(2, device="neuron")) == (
+        "RuntimeError", "Expected scalars to be on CPU, got neuron:0 instead.")
+    torch.neuron.synchronize()
+    assert torch.neuron.device_errors()["total"] == 0  # nothing deferred
+
+
 def test_multi_output_op_whose_meta_kernel_disagrees_queues_after_one_synchronous_call():
     # Batch norm in eval mode: the meta function promises saved statistics the
     # CPU kernel returns empty. The first call per argument pattern runs

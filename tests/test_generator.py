@@ -1,6 +1,7 @@
 """The device generator: counter-based, reproducible per seed, independent of
 the CPU's, its state saved and restored, and random operators queued like any
 other."""
+import pytest
 import torch
 import torch.nn as nn
 
@@ -46,3 +47,41 @@ def test_random_ops_are_queued_not_synchronous():
     torch.rand(10, device="neuron")
     assert not torch.neuron.current_stream().query()
 
+
+
+I64_MIN, I64_MAX = torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max
+
+# random_(from, to) and random_(to): the CPU kernel's range checks (raised)
+# and its precision warnings for floating-point ranges, per dtype.
+RANDOM_RANGES = [
+    (torch.uint16, (-1, 5)), (torch.uint16, (0, 70000)), (torch.uint32, (0, 2**32 + 1)), (torch.int8, (I64_MIN, 5)),
+    (torch.int8, (-128, 128)), (torch.uint8, (300, None)), (torch.bool, (0, 3)), (torch.int32, (5, 5)),
+    (torch.int64, (I64_MIN, None)), (torch.int64, (-42, I64_MAX)), (torch.float32, (0,)), (torch.float32, (-7,)),
+    (torch.float32, (I64_MIN, 5)), (torch.float32, (-(2**30), 2**30)), (torch.float32, (-(2**30), None)),
+    (torch.float16, (2**20, None)), (torch.float16, (0, 2**12)), (torch.bfloat16, (3, 4)), (torch.float64, (0, 2**60)),
+]
+
+
+def _random_outcome(device, dtype, args):
+    """What t.random_(*args) does right at the call: its exception or "ok", and its warnings."""
+    import warnings
+
+    t = torch.empty(40, dtype=dtype, device=device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            t.random_(*args)
+            result = "ok"
+        except RuntimeError as e:
+            result = str(e)
+    # (less the C++ source line a warning names: ATen's build, or our copy of its header)
+    return result, [str(w.message).split(" (Triggered internally at")[0] for w in caught]
+
+
+@pytest.mark.parametrize("dtype,args", RANDOM_RANGES, ids=[f"{d}-{a}" for d, a in RANDOM_RANGES])
+def test_random_range_checks_and_warnings_come_at_every_call_as_on_the_cpu(dtype, args):
+    want = _random_outcome("cpu", dtype, args)
+    for _ in range(3):  # the first call of a signature runs synchronously, later ones queue
+        assert _random_outcome("neuron", dtype, args) == want
+    torch.neuron.synchronize()
+    assert torch.neuron.device_errors()["total"] == 0  # nothing deferred

@@ -191,6 +191,44 @@ def test_log_softmax_strides_of_a_size_one_dim_match_cpu():
         assert torch.log_softmax(_to_neuron(x), 1).stride() == want.stride()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.int16,
+                                   torch.uint8, torch.bool])
+def test_mode_values_and_indices_match_cpu_bitwise(dtype):
+    """torch.mode, functional and out= (ATen's out= composite refuses devices
+    other than the CPU, CUDA and XPU): values and indices among ties the
+    CPU's, into fresh and into strided outputs, every dim, keepdim, empty and
+    0-dim inputs; a wrong out= dtype raises the CPU's error at the call."""
+    g = torch.Generator().manual_seed(SEED)
+    x = torch.randint(0, 4, (6, 9, 5), generator=g).to(dtype)  # many ties
+    for t in (x, x.transpose(0, 2), x[:, ::2], torch.tensor(3).to(dtype), torch.empty(0, 4, dtype=dtype)):
+        for dim in range(-max(t.dim(), 1), max(t.dim(), 1)):
+            if t.numel() == 0 and t.size(dim) == 0:
+                continue
+            for keepdim in (False, True):
+                want = torch.mode(t, dim, keepdim)
+                got = torch.mode(_to_neuron(t), dim, keepdim)
+                for a, b in zip(got, want):
+                    assert a.dtype == b.dtype and a.stride() == b.stride() and torch.equal(a.cpu(), b)
+                outs = {d: (torch.zeros(3, *want[0].shape, dtype=dtype, device=d).select(0, 1),
+                            torch.zeros(*want[1].shape, 2, dtype=torch.int64, device=d).select(-1, 0))
+                        for d in ("cpu", "neuron")}
+                torch.mode(t, dim, keepdim, out=outs["cpu"])
+                torch.mode(_to_neuron(t), dim, keepdim, out=outs["neuron"])
+                for a, b in zip(outs["neuron"], outs["cpu"]):
+                    assert a.stride() == b.stride() and torch.equal(a.cpu(), b)
+
+    def wrong_dtype(device):
+        try:
+            torch.mode(x.to(device), 1, out=(torch.empty(0, dtype=torch.complex64, device=device),
+                                             torch.empty(0, dtype=torch.int64, device=device)))
+        except RuntimeError as e:
+            return str(e)
+
+    assert wrong_dtype("neuron") == wrong_dtype("cpu") is not None
+    torch.neuron.synchronize()
+    assert torch.neuron.device_errors()["total"] == 0
+
+
 # Reductions closing a fused element-wise chain (docs/adaptive_eager.md): a
 # row-wise operator over the last dim, behind busy device work.
 FUSED_SHAPES = [(2, 1 << 16), (3, 1 << 16), (1, 1 << 17), (64, 1537), (1 << 17, 1)]

@@ -261,20 +261,33 @@ uint64_t argument_signature(c10::ArrayRef<c10::IValue> args, bool int_values) {
       }
     }
   };
-  mix(at::GradMode::is_enabled() ? 23 : 29);  // as in meta_signature
-  for (const auto& a : args) {
-    mix(a.isNone() ? 17 : 19);
-    if (a.isTensor()) tensor(a.toTensor());
-    else if (a.isBool()) mix(a.toBool() ? 3 : 5);
+  // False for a value that is not a number.
+  auto number = [&](const c10::IValue& a) {
+    if (a.isBool()) mix(a.toBool() ? 3 : 5);
     else if (a.isInt()) mix(int_values ? static_cast<uint64_t>(a.toInt()) * 7 + 11 : 13 + 64 * int_class(a.toInt()));
     else if (a.isDouble()) mix(31 + 1024 * double_class(a.toDouble()));
     else if (a.isComplexDouble()) {
       const auto z = a.toComplexDouble();
       mix(37 + 1024 * (double_class(z.real()) + 1024 * double_class(z.imag())));
-    }
+    } else return false;
+    return true;
+  };
+  mix(at::GradMode::is_enabled() ? 23 : 29);  // as in meta_signature
+  for (const auto& a : args) {
+    mix(a.isNone() ? 17 : 19);
+    if (a.isTensor()) tensor(a.toTensor());
+    else if (number(a)) continue;
     else if (a.isString()) mix(std::hash<std::string>()(a.toStringRef()));
     else if (a.isTensorList()) { mix(a.toTensorList().size()); for (const at::Tensor& t : a.toTensorList()) tensor(t); }
-    else if (a.isList()) { for (const c10::IValue& e : a.toList()) if (e.isTensor()) tensor(e.toTensor()); else mix(e.isNone()); }
+    else if (a.isList()) {
+      // A Scalar[] (the foreach operators' scalars) is checked per element
+      // as a Scalar is (complex into a real tensor, overflow). An int[] is
+      // sizes or dims: only its length counts.
+      const bool scalars = !a.isIntList();
+      for (const c10::IValue& e : a.toList())
+        if (e.isTensor()) tensor(e.toTensor());
+        else if (!scalars || !number(e)) mix(e.isNone());
+    }
   }
   return h;
 }

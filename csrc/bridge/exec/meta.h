@@ -64,10 +64,10 @@ uint64_t verification_signature(c10::ArrayRef<c10::IValue> args);
 // What decides whether the CPU kernel accepts a call without looking at the
 // data, and the metadata of its results: the dtypes it is built for, flags,
 // modes, strings, which arguments are absent, each tensor's layout class
-// (dimension order, size-0, size-1 and broadcast dimensions) and each
-// Scalar's value class (sign, zero, integral, finite, which dtypes hold it),
-// but not sizes or integer values, so that calls that differ only in sizes,
-// dims or offsets share it. The first call of each runs synchronously, so
+// (dimension order, size-0, size-1 and broadcast dimensions) and the value
+// class of each Scalar, and of each element of a Scalar[] (sign, zero,
+// integral, finite, which dtypes hold it), but not sizes or integer values,
+// so that calls that differ only in sizes, dims or offsets share it. The first call of each runs synchronously, so
 // that the kernel's checks raise at the call with the CPU's exception type,
 // and its results teach the layouts of later calls (call_verdicts.h).
 uint64_t call_signature(c10::ArrayRef<c10::IValue> args);

@@ -96,6 +96,9 @@ const Rule kRules[] = {
     {"_scaled_dot_product_flash_attention_for_cpu_backward", kPlaceResults},
     {"convolution", kPlaceResults | kCpuAlgorithm}, {"convolution_backward", kPlaceResults | kCpuAlgorithm},
     {"_convolution", kCpuAlgorithm}, {"_convolution_double_backward", kCpuAlgorithm},
+    // The out= composite refuses devices other than the CPU, CUDA and XPU
+    // before it reaches the CPU's mode kernel (the functional mode has one).
+    {"mode.values", kCpuAlgorithm},
     // std::ldexp where the device has an ldexp kernel, self * pow(2, other) elsewhere.
     {"ldexp.Tensor", kCpuAlgorithm}, {"ldexp.out", kCpuAlgorithm}, {"ldexp_", kCpuAlgorithm},
     // The Python meta function gives its result the gradient's strides, and

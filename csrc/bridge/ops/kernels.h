@@ -36,8 +36,19 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst);
 at::Scalar local_scalar_dense(const at::Tensor& self);
 
-// random.cpp: random operators whose CPU kernels would use the CPU generator
+// random.cpp: random operators whose CPU kernels would use the CPU generator, and
+// random_'s range checks
 std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train);
+// random_.from and random_.to (boxed): the CPU kernel's range checks and
+// warnings at every call, on the host, then the executor
+void random_range_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// foreach_scalars.cpp: in-place foreach overloads taking a host tensor of
+// scalars, read at the call and passed on as the Scalar[] overload
+void foreach_addcdiv_tensor_(at::TensorList self, at::TensorList tensor1, at::TensorList tensor2,
+                             const at::Tensor& scalars);
+void foreach_addcmul_tensor_(at::TensorList self, at::TensorList tensor1, at::TensorList tensor2,
+                             const at::Tensor& scalars);
 
 // lean_path.cpp: the lean path for small operands of one dtype in plain
 // layouts (contiguous; matrices also transposed); the rest of their calls go

@@ -43,6 +43,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", accessing<copy_from_and_resize>());
   m.impl("_local_scalar_dense", accessing<local_scalar_dense>());
   m.impl("native_dropout", accessing<native_dropout>());
+  m.impl("random_.from", torch::CppFunction::makeFromBoxedFunction<&random_range_checked>());
+  m.impl("random_.to", torch::CppFunction::makeFromBoxedFunction<&random_range_checked>());
+  m.impl("_foreach_addcdiv_.Tensor", accessing<foreach_addcdiv_tensor_>());
+  m.impl("_foreach_addcmul_.Tensor", accessing<foreach_addcmul_tensor_>());
   m.impl("add.Tensor", accessing<add_tensor>());
   m.impl("sub.Tensor", accessing<sub_tensor>());
   m.impl("mul.Tensor", accessing<mul_tensor>());
