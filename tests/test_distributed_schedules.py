@@ -180,6 +180,8 @@ def _simple_fsdp_loss(w_shard, x, y, group):
 
 
 def _simple_fsdp(device, rank, world, compiled):
+    from torch._inductor.utils import run_and_get_code
+
     group = dist.group.WORLD
     torch.manual_seed(0)
     w = torch.randn(4, 8)
@@ -187,7 +189,6 @@ def _simple_fsdp(device, rank, world, compiled):
     x, y = (_share(t, rank, world).to(device) for t in _batches()[0])
     fn = torch.compile(_simple_fsdp_loss, backend="neuron" if device == "neuron" else "inductor",
                        fullgraph=True) if compiled else _simple_fsdp_loss
-    from torch._inductor.utils import run_and_get_code
 
     def step():
         w_shard.grad = None
