@@ -88,6 +88,23 @@ def test_quantized_and_sparse_results_are_refused_at_the_call(make, layout):
     assert make(torch.randn(4)).layout != torch.strided or make(torch.randn(4)).is_quantized  # the CPU has them
 
 
+@pytest.mark.parametrize("make", [
+    lambda: torch.randn(2, 3).to_sparse().to(DEV),
+    lambda: torch.randn(2, 3).to_sparse().neuron(),
+    lambda: torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), (3,), device=DEV),
+    # Moving a compressed tensor calls no neuron kernel, so it is built; its operators refuse (those
+    # with a composite kernel for every backend, such as mul, stop at TensorIterator's layout check).
+    lambda: torch.randn(2, 3).to_sparse_csr().to(DEV).to_dense(),
+    lambda: torch.randn(2, 3).to_sparse_csr().to(DEV).sum(),
+], ids=["coo-to", "coo-neuron", "coo-factory", "csr-to_dense", "csr-sum"])
+def test_a_sparse_tensor_on_neuron_is_refused_naming_the_operator(make):
+    """Instead of the dispatcher's table of every backend the operator has."""
+    with pytest.raises(NotImplementedError, match=r"neuron: aten::[\w.]+ was called with a sparse tensor on neuron, "
+                                                 r"and neuron tensors are dense \(strided\) only") as e:
+        make()
+    assert "backend fallback" not in str(e.value)
+
+
 @pytest.mark.parametrize("op", ["kthvalue", "median", "mode"])
 def test_two_empty_outs_grow_apart(op):
     """Functionals that fill two empty out= tensors (values and indices) give

@@ -42,6 +42,8 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 // random_.from and random_.to (boxed): the CPU kernel's range checks and
 // warnings at every call, on the host, then the executor
 void random_range_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// non_strided.cpp: the boxed kernel of the sparse neuron keys, a clear refusal.
+void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // foreach_scalars.cpp: in-place foreach overloads taking a host tensor of
 // scalars, read at the call and passed on as the Scalar[] overload

@@ -79,6 +79,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { register_recurrent(m); }
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&execute>());
 }
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>());
+}
 
 // Copies of conjugated or negated tensors: the CPU copy kernel (which the
 // device copy runs on host aliases that keep the conj/neg bits) resolves them.
