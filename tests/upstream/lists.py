@@ -65,8 +65,6 @@ KNOWN_DEFECTS = [
      "random_(from, to) range checks and warnings: the CPU raises or warns at the call, neuron on the device or not at all", ISSUE),
     ("test_modules::TestModule::test_grad*_nn_CrossEntropyLoss_float64",
      "CrossEntropyLoss float64 gradients disagree with the numerical Jacobian on neuron (NaN in double backward)", ISSUE),
-    ("test_modules::TestModule::test_gradgrad_nn_ConvTranspose3d_float64",
-     "ConvTranspose3d double backward: neuron refuses a write to a tensor with internal overlap that the CPU accepts", ISSUE),
     ("test_foreach::TestForeach::test_parity__foreach_lerp_*path_inplace_*",
      "_foreach_*_.ScalarList scalar checks (overflow, complex into real): the CPU raises at the call, neuron on the device", ISSUE),
     ("test_foreach::TestForeach::test_parity__foreach_addcmul_*path_inplace_*",
