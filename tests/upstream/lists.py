@@ -57,7 +57,6 @@ KNOWN_DEFECTS = [
     # The issue's list.
     ("test_torch::TestTorchDeviceType::test_tensor_storage_type_*", "Tensor.storage_type() returns None", ISSUE),
     ("test_sort_and_select::TestSortAndSelect::test_stable_sort_against_numpy_*", "index_fill refuses a CPU index tensor", ISSUE),
-    ("test_indexing::TestIndexing::test_bool_indices", "the device's \"cannot be queued\" warning is counted by the test", ISSUE),
     ("test_reductions::TestReductions::test_mode_*", "torch.mode refuses neuron", ISSUE),
     ("test_reductions::TestReductions::test_dim_reduction_fns_fn_name_mode_*", "torch.mode refuses neuron", ISSUE),
     # Found by this harness, not in the issue's list.
@@ -71,8 +70,6 @@ KNOWN_DEFECTS = [
      "_foreach_*_.ScalarList scalar checks (overflow, complex into real): the CPU raises at the call, neuron on the device", ISSUE),
     ("test_foreach::TestForeach::test_parity__foreach_sub_*path_inplace_*",
      "_foreach_*_.ScalarList scalar checks (overflow, complex into real): the CPU raises at the call, neuron on the device", ISSUE),
-    ("test_linalg::TestLinalg::test_*errors_and_warnings*",
-     "a resized out= warns twice on neuron (the Python meta pass's warning, then the kernel's)", ISSUE),
     ("test_foreach::TestForeach::test_pointwise_op_with_tensor_of_scalarlist_overload__foreach_addcdiv_is_fastpath_True_int16",
      "addcdiv with a CPU tensor of scalars: neuron raises the device mismatch where the CPU refuses integer division", ISSUE),
 ]
