@@ -299,3 +299,22 @@ def test_a_uint8_mask_index_is_data_dependent_not_a_fallback():
     assert all(torch.equal(n, c) for n, c in zip(neuron, cpu))
     assert torchneuron.get_fallback_ops() == {}
 
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("index", [[1], 1], ids=["1-d", "0-d"])
+def test_index_fill_refuses_a_cpu_index_as_cuda_does(in_place, index):
+    """ATen's index_fill_ (CUDA's too) iterates the index restrided to self's rank, so a CPU index,
+    even a zero-dimensional one, is never the CPU scalar TensorIterator lets a device kernel take:
+    CUDA refuses it at the call, with TensorIterator's message, and so does neuron. The index on
+    the device queues and fills as on the CPU."""
+    import torchneuron
+
+    torchneuron.clear_op_tracking()
+    x = torch.arange(12.0, device="neuron").view(3, 4)
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but found at least "
+                                            r"two devices, neuron:0 and cpu!$"):
+        (x.index_fill_ if in_place else x.index_fill)(0, torch.tensor(index), -1.0)
+    assert torch.equal(x.cpu(), torch.arange(12.0).view(3, 4))
+    filled = x.index_fill(0, torch.tensor(index, device="neuron"), -1.0)
+    assert torch.equal(filled.cpu(), torch.arange(12.0).view(3, 4).index_fill(0, torch.tensor(index), -1.0))
+    assert torchneuron.get_fallback_ops() == {}
