@@ -274,3 +274,90 @@ def test_every_out_variant_refuses_a_cpu_out():
         except TypeError:  # equal, histogramdd: out= not of that form
             pass
     assert refused > 300 and not accepted, (refused, accepted)
+
+
+def _warnings_of(program, device):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = program(device)
+    return result, [(w.category, str(w.message)) for w in caught]
+
+
+RESIZED_OUTS = {  # a Python out wrapper, a C++ structured meta and a C++ composite kernel
+    "add": lambda a, out: torch.add(a, a, out=out),
+    "householder_product": lambda a, out: torch.linalg.householder_product(a, a[0], out=out),
+    "cholesky": lambda a, out: torch.linalg.cholesky(a @ a.T + 3 * torch.eye(3, device=a.device), out=out),
+}
+
+
+@pytest.mark.parametrize("name", RESIZED_OUTS)
+def test_a_resized_out_warns_once_as_on_the_cpu(name):
+    """A non-empty out= of another size: the CPU kernel resizes it and warns once per call; the
+    meta pass, which would warn too, sizes such outs from empty ones. An out of the right size,
+    transposed, keeps its strides and queues."""
+    import torchneuron
+
+    a = torch.randn(3, 3, generator=torch.Generator().manual_seed(SEED), dtype=torch.float64)
+
+    def program(device):
+        outs = [torch.empty(2, 3, dtype=torch.float64, device=device) for _ in range(2)]
+        for out in outs:  # the second call hits the meta cache
+            RESIZED_OUTS[name](a.to(device), out)
+        return [o.cpu() for o in outs]
+
+    (cpu, cpu_warnings), (neuron, neuron_warnings) = _warnings_of(program, "cpu"), _warnings_of(program, "neuron")
+    assert neuron_warnings == cpu_warnings and len(cpu_warnings) == 2
+    assert all(torch.equal(n, c) for n, c in zip(neuron, cpu))
+
+    torchneuron.clear_op_tracking()
+    def sized(device):
+        out = torch.empty(3, 3, dtype=torch.float64, device=device).t()
+        RESIZED_OUTS[name](a.to(device), out)
+        return out.stride(), out.cpu()
+
+    (cpu_sized, none), (neuron_sized, also_none) = _warnings_of(sized, "cpu"), _warnings_of(sized, "neuron")
+    assert none == also_none == []
+    assert neuron_sized[0] == cpu_sized[0] and torch.equal(neuron_sized[1], cpu_sized[1])
+    assert torchneuron.get_fallback_ops() == {}
+
+
+def test_a_uint8_mask_index_is_data_dependent_not_a_fallback():
+    """A uint8 index is a (deprecated) mask, as a bool one: it waits for the data like any mask
+    index, with the CPU's deprecation warning only. (PyTorch's meta kernel of index refuses uint8,
+    which the meta pass must not read as a stricter kernel: that would be a counted fallback and
+    its "cannot be queued" warning, which the CPU never gives.)"""
+    import torchneuron
+
+    def program(device):
+        v = torch.tensor([True, False, True], device=device)
+        mask = torch.tensor([1, 0, 0], dtype=torch.uint8, device=device)
+        x = torch.arange(12.0, device=device).view(3, 4)
+        return [v[mask].cpu(), v[mask].cpu(), x[mask].cpu(), x[mask.bool()].cpu()]
+
+    torchneuron.clear_op_tracking()
+    (cpu, cpu_warnings), (neuron, neuron_warnings) = _warnings_of(program, "cpu"), _warnings_of(program, "neuron")
+    assert neuron_warnings == cpu_warnings and len(cpu_warnings) == 3
+    assert all(torch.equal(n, c) for n, c in zip(neuron, cpu))
+    assert torchneuron.get_fallback_ops() == {}
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("index", [[1], 1], ids=["1-d", "0-d"])
+def test_index_fill_refuses_a_cpu_index_as_cuda_does(in_place, index):
+    """ATen's index_fill_ (CUDA's too) iterates the index restrided to self's rank, so a CPU index,
+    even a zero-dimensional one, is never the CPU scalar TensorIterator lets a device kernel take:
+    CUDA refuses it at the call, with TensorIterator's message, and so does neuron. The index on
+    the device queues and fills as on the CPU."""
+    import torchneuron
+
+    torchneuron.clear_op_tracking()
+    x = torch.arange(12.0, device="neuron").view(3, 4)
+    with pytest.raises(RuntimeError, match=r"^Expected all tensors to be on the same device, but found at least "
+                                            r"two devices, neuron:0 and cpu!$"):
+        (x.index_fill_ if in_place else x.index_fill)(0, torch.tensor(index), -1.0)
+    assert torch.equal(x.cpu(), torch.arange(12.0).view(3, 4))
+    filled = x.index_fill(0, torch.tensor(index, device="neuron"), -1.0)
+    assert torch.equal(filled.cpu(), torch.arange(12.0).view(3, 4).index_fill(0, torch.tensor(index), -1.0))
+    assert torchneuron.get_fallback_ops() == {}

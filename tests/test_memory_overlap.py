@@ -60,3 +60,37 @@ def test_the_error_is_raised_at_the_call_behind_queued_work():
         x[1:] += x[:-1]
     torch.neuron.synchronize()  # nothing deferred
     assert torch.equal(x.cpu(), torch.arange(8.0))
+
+
+def test_an_expanded_result_is_computed_as_on_the_cpu():
+    """A composite may return a broadcast view where the CPU caller gets the view itself:
+    convolution's double backward returns the bias gradient's gradient expanded to the output's
+    shape (stride 0). Its device memory takes the CPU's strides and each value once, on the
+    first call (synchronous) and on later ones (queued); and ConvTranspose3d's second-order
+    gradient through the bias, which needs it, is the CPU's."""
+    g = torch.Generator().manual_seed(7)
+    ggb, grad_out = torch.randn(5, generator=g, dtype=torch.float64), torch.randn(1, 5, 5, 6, 7, generator=g, dtype=torch.float64)
+    weight, x = torch.randn(4, 5, 3, 3, 3, generator=g, dtype=torch.float64), torch.randn(1, 4, 3, 4, 5, generator=g, dtype=torch.float64)
+
+    def double_backward(device):
+        out = []
+        for k in range(3):
+            args = [t.to(device) * (k + 1) for t in (ggb, grad_out, weight, x)]
+            r = torch.ops.aten._convolution_double_backward(None, None, *args, [1, 1, 1], [0, 0, 0], [1, 1, 1],
+                                                            True, [0, 0, 0], 1, [True, True, True])
+            out.append((r[0].stride(), r[0].cpu(), r[1], r[2]))
+        return out
+
+    for (s, v, w, i), (ds, dv, dw, di) in zip(double_backward("cpu"), double_backward(DEV)):
+        assert ds == s == (5, 1, 0, 0, 0) and torch.equal(dv, v) and w is dw is i is di is None
+
+    def second_order(device):
+        torch.manual_seed(7)
+        m = torch.nn.ConvTranspose3d(4, 5, 3).double().to(device)
+        inp = x.to(device).requires_grad_()
+        v = grad_out.to(device).requires_grad_()
+        (gb,) = torch.autograd.grad(m(inp), m.bias, v, create_graph=True)
+        (gv,) = torch.autograd.grad(gb, v, torch.arange(5.0, dtype=torch.float64, device=device))
+        return gv.cpu()
+
+    assert torch.equal(second_order(DEV), second_order("cpu"))

@@ -104,3 +104,25 @@ def test_checkpoint_round_trip():
     buf.seek(0)
     assert torch.load(buf)["x"].device == torch.device("neuron:1")
 
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.15])
+def test_cross_entropy_with_every_target_ignored_as_on_the_cpu(label_smoothing):
+    """Every target equal to ignore_index: the mean over no elements is 0/0, NaN, the input's
+    gradient zeros and its derivative by the incoming gradient NaN, bit for bit the CPU's. (So
+    gradcheck fails the same way on both devices given such targets, which PyTorch's test_modules
+    draws from the device's generator at its seed: tests/upstream/lists.py.)"""
+    x = torch.tensor([[3.7231, 1.5635, -4.2292], [0.5, -1.0, 2.0]], dtype=torch.float64)
+    target = torch.tensor([1, 1])
+
+    def program(device):
+        loss_fn = nn.CrossEntropyLoss(ignore_index=1, label_smoothing=label_smoothing)
+        inp = x.to(device).requires_grad_()
+        loss = loss_fn(inp, target.to(device))
+        v = torch.tensor(0.5972, dtype=torch.float64, device=device, requires_grad=True)
+        (grad,) = torch.autograd.grad(loss, inp, v, create_graph=True)
+        (grad_v,) = torch.autograd.grad(grad.sum(), v)
+        return [t.detach().cpu() for t in (loss, grad, grad_v)]
+
+    for n, c in zip(program("neuron"), program("cpu")):
+        assert torch.equal(n.view(torch.int64), c.view(torch.int64))

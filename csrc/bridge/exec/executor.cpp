@@ -54,8 +54,8 @@ namespace {
 // The one device every neuron tensor of the call is on (or a neuron Device
 // argument's, for factories); raises PyTorch's usual error for mixed devices.
 // CPU tensors are accepted where CUDA accepts them, as operands only: a
-// zero-dimensional one (a scalar), and index tensors of the operators that
-// take them on the host. An argument the call writes (out=, self of an
+// zero-dimensional one (a scalar; not index_fill's index, which CUDA refuses,
+// op_policy.cpp), and index tensors of the operators that take them on the host. An argument the call writes (out=, self of an
 // in-place operator) is never on the CPU: the kernel would write host memory
 // from a device task.
 c10::DeviceIndex device_of_call(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
@@ -71,7 +71,7 @@ c10::DeviceIndex device_of_call(const c10::FunctionSchema& schema, c10::ArrayRef
       if (t.device().type() == kNeuron) {
         if (device < 0) device = t.device().index();
         else if (t.device().index() != device) other = t.device();
-      } else if (written || !(t.is_cpu() && (t.dim() == 0 || policy.host_indices))) {
+      } else if (written || !(t.is_cpu() && ((t.dim() == 0 && i != policy.device_only_arg) || policy.host_indices))) {
         other = t.device();
         if (written && !written_elsewhere) written_elsewhere = i;
       }

@@ -14,6 +14,7 @@
 #include "fuser.h"
 #include "host_views.h"
 #include "op_policy.h"
+#include "result_copy.h"
 #include "result_placement.h"
 #include "storage_resize.h"
 #include "thread_count.h"
@@ -366,6 +367,26 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
   for (auto& v : results) stack->push_back(std::move(v));
 }
 
+namespace {
+
+// write_from_host for a kernel's result `src`, which the task then owns; the
+// result may be expanded (copy_result).
+void write_result(rt::Stream& stream, const at::Tensor& dst, const at::Tensor& src) {
+  if (stream.query()) {
+    memcheck::HostAccess access;
+    copy_result(host_view(dst), src);
+    return;
+  }
+  translate_errors([&] {
+    stream.enqueue("aten::copy_", [dst = host_view(dst), src]() mutable {
+      auto guard = below_autograd();
+      copy_result(dst, src);
+    });
+  });
+}
+
+} // namespace
+
 void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
                        c10::DeviceIndex device) {
   const auto& schema = op.schema();
@@ -429,7 +450,7 @@ void run_synchronously(const c10::OperatorHandle& op, const OpPolicy& policy, to
     ret = map_tensors(ret, [&](const at::Tensor& t) {
       if (!t.defined() || !t.is_cpu()) return t;
       at::Tensor d = empty_like_on(t, device);
-      write_from_host(current_runtime_stream(device), d, t, /*owned=*/true);
+      write_result(current_runtime_stream(device), d, t);
       return d;
     });
   }

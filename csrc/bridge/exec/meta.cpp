@@ -1,6 +1,7 @@
 #include "meta.h"
 
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/DefaultDtype.h>
 
 #include <algorithm>
@@ -137,6 +138,32 @@ size_t meta_cache_entries() {
 
 namespace {
 
+// The non-empty out= arguments of a meta stack. A CPU kernel that resizes
+// one warns ("An output with one or more elements was resized"); so would
+// its meta kernel (ATen's resize_output, Python's out wrapper), and the call
+// would warn twice. A meta pass sizes such an out from an empty one, which
+// resizes silently.
+c10::SmallVector<size_t, 2> sized_outs(const c10::OperatorHandle& op, const OpPolicy& policy,
+                                       const torch::jit::Stack& meta) {
+  c10::SmallVector<size_t, 2> out;
+  for (size_t i : policy.written)
+    if (op.schema().arguments()[i].is_out() && meta[i].isTensor() && meta[i].toTensor().defined() &&
+        meta[i].toTensor().numel() != 0)
+      out.push_back(i);
+  return out;
+}
+
+// A uint8 index is a mask to ATen, as a bool one (deprecated, with a
+// warning). PyTorch's meta kernel of index.Tensor lists int8 where it means
+// uint8 and refuses it, a failure that would read as a meta kernel stricter
+// than the CPU's: seen as the bool mask it is, the index fails the meta pass
+// as data-dependent, and the call runs synchronously like any mask index.
+c10::IValue byte_masks_as_bool(const c10::IValue& indices) {
+  return map_tensors(indices, [](const at::Tensor& t) {
+    return t.defined() && t.scalar_type() == at::kByte ? t.to(at::kBool) : t;
+  });
+}
+
 // Which failure an exception of a meta pass is. A missing kernel by types:
 // PyTorch's Meta fallback raises NotImplementedError for an operator the
 // dispatcher has no Meta kernel for (OpPolicy::has_meta_kernel). Data
@@ -179,14 +206,46 @@ MetaFailure run_meta(const c10::OperatorHandle& op, const OpPolicy& policy, c10:
       return t.defined() && t.is_cpu() && t.dim() == 0 ? t : meta_view(t);
     }));
   }
-  for (size_t i : policy.written)
-    meta_written.push_back(meta[i].isTensor() ? meta[i].toTensor() : at::Tensor());
+  if (policy.host_indices)
+    for (size_t i = 0; i < meta.size(); ++i)
+      if (policy.is_tensor_list[i]) meta[i] = byte_masks_as_bool(meta[i]);
   MetaFailure failure;
   try {
     auto guard = below_autograd();
     if (policy.meta_check) policy.meta_check(meta);
-    if (policy.aten_meta) policy.aten_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-    else op.callBoxed(&meta);
+    auto call = [&](torch::jit::Stack& stack) {
+      if (policy.aten_meta) policy.aten_meta->callBoxed(op, c10::DispatchKeySet(c10::DispatchKey::Meta), &stack);
+      else op.callBoxed(&stack);
+    };
+    const auto sized = sized_outs(op, policy, meta);
+    bool resized = false;
+    if (!sized.empty()) {
+      torch::jit::Stack probe = meta;  // the call leaves its results in place of its arguments
+      for (size_t i : sized) probe[i] = at::empty({0}, probe[i].toTensor().options());
+      std::vector<at::Tensor> probe_written;
+      for (size_t i : policy.written)
+        probe_written.push_back(probe[i].isTensor() ? probe[i].toTensor() : at::Tensor());
+      try {
+        call(probe);
+        for (size_t k = 0; k < policy.written.size(); ++k) {
+          const size_t i = policy.written[k];
+          if (std::find(sized.begin(), sized.end(), i) != sized.end())
+            resized |= probe_written[k].sizes() != meta[i].toTensor().sizes();
+        }
+      } catch (const std::exception&) {
+        // A meta kernel that refuses an empty out: the outs themselves decide.
+      }
+      // An out the call resizes is the CPU kernel's to resize (the executor
+      // runs such calls synchronously). Outs already of their results' sizes
+      // keep their strides, which the CPU kernel writes as they are: the
+      // pass then runs again on the outs themselves.
+      if (resized) meta = std::move(probe), meta_written = std::move(probe_written);
+    }
+    if (!resized) {
+      for (size_t i : policy.written)
+        meta_written.push_back(meta[i].isTensor() ? meta[i].toTensor() : at::Tensor());
+      call(meta);
+    }
     result = std::make_shared<const MetaResult>(MetaResult{std::move(meta), std::move(meta_written)});
     if (cacheable) meta_cache_insert(std::move(sig), result);
     return MetaFailure::None;

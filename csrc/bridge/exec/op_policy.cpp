@@ -26,6 +26,7 @@ enum Trait : uint32_t {
   kIndexPutChecks = 1 << 9,   // the CPU checks index and value shapes its meta kernel does not (meta_checks.h)
   kMultinomialChecks = 1 << 10,  // likewise the number of samples (meta_checks.h)
   kRunningStats = 1 << 11,  // batch norm: writes running_mean and running_var only when training
+  kIndexOnDevice = 1 << 12,  // its `index` is never a CPU scalar operand (see its rule)
 };
 
 // One rule per operator. `op` is a base name, which covers every overload and
@@ -85,6 +86,10 @@ const Rule kRules[] = {
     {"_pack_padded_sequence", kHostIndices}, {"_pad_packed_sequence", kHostIndices},
     // The CPU checks the number of samples, its meta kernel does not.
     {"multinomial", kMultinomialChecks},
+    // ATen's index_fill_ (CUDA's as well) iterates the index restrided to
+    // self's rank, so even a zero-dimensional CPU index is no CPU scalar to
+    // TensorIterator: CUDA refuses it.
+    {"index_fill", kIndexOnDevice},
     // Results computed in device memory (result_placement.h).
     {"native_layer_norm", kPlaceResults}, {"native_layer_norm_backward", kPlaceResults},
     {"native_group_norm", kPlaceResults}, {"native_group_norm_backward", kPlaceResults},
@@ -198,6 +203,11 @@ std::unique_ptr<OpPolicy> make_policy(const c10::OperatorHandle& op) {
   const Rule rule = rule_for(schema);
   p->data_dependent = rule.traits & kDataDependent;
   p->host_indices = rule.traits & kHostIndices;
+  if (rule.traits & kIndexOnDevice) {
+    auto index = schema.argumentIndexWithName("index");
+    TORCH_INTERNAL_ASSERT(index, "neuron: the index-on-device rule does not fit ", schema);
+    p->device_only_arg = *index;
+  }
   p->fusion = rule.traits & kRowwise ? Fusion::Rowwise : rule.traits & kElementwise ? Fusion::Elementwise : Fusion::None;
   if (p->fusion == Fusion::Rowwise) {
     auto dims = schema.argumentIndexWithName("dim");

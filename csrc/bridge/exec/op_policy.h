@@ -9,6 +9,7 @@
 //   view             returns aliases of its inputs and writes nothing: metadata only
 //   data_dependent   its output sizes depend on input values: it waits for the stream
 //   host_indices     takes index tensors on the host (as CUDA allows)
+//   device_only_arg  an argument that is never a CPU scalar operand (as CUDA refuses it)
 //   fusion           element-wise (may join a fused group) or row-wise (may close one)
 //   exact            fusion may compute it in its own loops (kernels/exact_arithmetic.h)
 //   place_results    its CPU kernel may compute straight into device memory
@@ -78,6 +79,7 @@ struct OpPolicy {
   // From the rule table.
   bool data_dependent = false;
   bool host_indices = false;
+  size_t device_only_arg = SIZE_MAX;  // an argument that is never a CPU scalar operand
   // Batch norm's running statistics: written only when the argument
   // `training` is true, whether or not the schema marks them (native_batch_norm
   // does not). A copy-on-write one gets storage of its own exactly then, as

@@ -8,6 +8,7 @@
 
 #include "../torch_patches.h"
 #include "host_views.h"
+#include "result_copy.h"
 
 namespace torchneuron {
 namespace {
@@ -220,10 +221,11 @@ void PlaceResults::settle(std::vector<c10::IValue> results) {
     auto in_outputs = [&](const at::Tensor& t) {
       if (!t.defined() || !t.has_storage()) return false;
       auto* p = static_cast<const char*>(t.storage().data());
+      // (The outputs' storages: an expanded one spans fewer bytes than its elements.)
       for (const at::Tensor& o : into)
         if (o.defined() && o.numel() > 0) {
-          auto* b = static_cast<const char*>(o.data_ptr());
-          if (p >= b && p < b + o.nbytes()) return true;
+          auto* b = static_cast<const char*>(o.storage().data());
+          if (p >= b && p < b + o.storage().nbytes()) return true;
         }
       return false;
     };
@@ -239,7 +241,7 @@ void PlaceResults::settle(std::vector<c10::IValue> results) {
       if (in_outputs(from[i])) from[i] = from[i].clone();
     }
     for (size_t i = 0; i < from.size(); ++i)
-      if (into[i].defined() && into[i].numel() > 0 && !placed[i]) into[i].copy_(from[i]);
+      if (into[i].defined() && into[i].numel() > 0 && !placed[i]) copy_result(into[i], from[i]);
     if (placing_) {
       results_in_place.fetch_add(in_place, std::memory_order_relaxed);
       results_copied.fetch_add(copied, std::memory_order_relaxed);
