@@ -101,3 +101,32 @@ def value_of(result: dict):
     if "error" in result:
         raise RuntimeError(result["error"])
     return result["value"]
+
+
+# The small model, data and state the differential training tests share.
+
+def small_mlp(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def mlp_batches(steps: int, batch: int):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(batch, 8, generator=g), torch.randn(batch, 4, generator=g)) for _ in range(steps)]
+
+
+def rank_share(t, rank, world):
+    """The rank's rows of a global batch."""
+    n = t.shape[0] // world
+    return t[rank * n:(rank + 1) * n]
+
+
+def full_state(model):
+    """Parameters and buffers by name, gathered, on the CPU, with the names of the
+    unwrapped model (no DDP, FSDP1 or checkpoint-wrapper prefixes)."""
+    out = {}
+    for k, v in model.state_dict().items():
+        v = v.full_tensor() if isinstance(v, torch.distributed.tensor.DTensor) else v
+        out[k.removeprefix("module.").removeprefix("_fsdp_wrapped_module.")
+              .replace("._fsdp_wrapped_module", "").replace("._checkpoint_wrapped_module", "")] = v.detach().cpu()
+    return out

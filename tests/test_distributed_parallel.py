@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed_testing import attempt, spawn_ranks, value_of
+from distributed_testing import attempt, full_state, mlp_batches, rank_share, small_mlp, spawn_ranks, value_of
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import gpt_model as gm  # noqa: E402
@@ -34,31 +34,6 @@ GLOBAL_BATCH = 8
 
 
 # ------------------------------------------------------------------ programs run on the ranks and in one process
-
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-
-
-def _mlp_batches():
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 8, generator=g), torch.randn(GLOBAL_BATCH, 4, generator=g))
-            for _ in range(STEPS)]
-
-
-def _share(t, rank, world):
-    n = t.shape[0] // world
-    return t[rank * n:(rank + 1) * n]
-
-
-def _full_state(model):
-    """Parameters and buffers by name, gathered, on the CPU."""
-    out = {}
-    for k, v in model.state_dict().items():
-        v = v.full_tensor() if isinstance(v, torch.distributed.tensor.DTensor) else v
-        out[k.removeprefix("module.")] = v.detach().cpu()
-    return out
-
 
 def _mean_over_ranks(loss, parallel):
     loss = loss.detach().clone()
@@ -74,7 +49,7 @@ def _train_mlp(device, mode, rank=0, world=1, offload=False, mp_policy=None):
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     device = torch.device(device)
-    model = _mlp().to(device)
+    model = small_mlp().to(device)
     if mode == "fsdp":
         mesh = init_device_mesh(device.type, (world,))
         kw = dict(mesh=mesh, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy(),
@@ -86,15 +61,15 @@ def _train_mlp(device, mode, rank=0, world=1, offload=False, mp_policy=None):
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
-    for x, y in _mlp_batches():
+    for x, y in mlp_batches(STEPS, GLOBAL_BATCH):
         if mode != "single":
-            x, y = _share(x, rank, world), _share(y, rank, world)
+            x, y = rank_share(x, rank, world), rank_share(y, rank, world)
         loss = torch.nn.functional.mse_loss(model(x.to(device)).float(), y.to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(_mean_over_ranks(loss, mode != "single"))
-    return losses, _full_state(model)
+    return losses, full_state(model)
 
 
 GPT_CONFIG = dict(block_size=16, n_layer=2, n_head=2, d_model=32)
@@ -126,14 +101,14 @@ def _train_gpt(device, mode, rank=0, world=1):
             group["lr"] = gm.lr_at(step, tc)
         x, y = gm.get_batch(train_ids, GLOBAL_BATCH, mc.block_size, g, torch.device("cpu"))
         if mode != "single":
-            x, y = _share(x, rank, world), _share(y, rank, world)
+            x, y = rank_share(x, rank, world), rank_share(y, rank, world)
         _, loss = model(x.to(device), y.to(device))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip, foreach=True)
         opt.step()
         losses.append(_mean_over_ranks(loss, mode != "single"))
-    return losses, _full_state(model)
+    return losses, full_state(model)
 
 
 def _tensor_parallel(device, rank=0, world=1):
@@ -157,7 +132,7 @@ def _tensor_parallel(device, rank=0, world=1):
     out.square().sum().backward()
     grads = {k: (p.grad.full_tensor() if world > 1 else p.grad).cpu() for k, p in model.named_parameters()}
     torch.optim.SGD(model.parameters(), lr=0.01).step()
-    return {"out": out.detach().cpu(), "grads": grads, "params": _full_state(model)}
+    return {"out": out.detach().cpu(), "grads": grads, "params": full_state(model)}
 
 
 def _dtensor_basics(device, world):
@@ -211,7 +186,7 @@ def _checkpoint(rank, world, directory):
     from torch.distributed.fsdp import fully_shard
 
     def made(device, seed):
-        model = _mlp(seed).to(device)
+        model = small_mlp(seed).to(device)
         fully_shard(model, mesh=init_device_mesh(device, (world,)))
         opt = torch.optim.AdamW(model.parameters(), lr=0.01)
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(seed + rank))

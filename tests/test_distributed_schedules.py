@@ -33,7 +33,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distributed_testing import attempt, spawn_ranks, value_of
+from distributed_testing import attempt, full_state, mlp_batches, rank_share, small_mlp, spawn_ranks, value_of
 
 WORLD = 2
 STEPS = 3
@@ -42,32 +42,6 @@ MICROBATCHES = 4
 
 
 # ------------------------------------------------------------------ programs run on the ranks and in one process
-
-def _mlp(seed=0):
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-
-
-def _batches():
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(GLOBAL_BATCH, 8, generator=g), torch.randn(GLOBAL_BATCH, 4, generator=g))
-            for _ in range(STEPS)]
-
-
-def _share(t, rank, world):
-    n = t.shape[0] // world
-    return t[rank * n:(rank + 1) * n]
-
-
-def _state(model):
-    """Parameters and buffers by name, gathered, on the CPU."""
-    out = {}
-    for k, v in model.state_dict().items():
-        v = v.full_tensor() if isinstance(v, torch.distributed.tensor.DTensor) else v
-        out[k.removeprefix("module.").removeprefix("_fsdp_wrapped_module.")
-              .replace("._fsdp_wrapped_module", "").replace("._checkpoint_wrapped_module", "")] = v.detach().cpu()
-    return out
-
 
 def _mse(out, y):
     return torch.nn.functional.mse_loss(out, y)
@@ -80,10 +54,10 @@ def _train_one_process(device, microbatches=1):
     ``microbatches`` > 1 the gradients of each microbatch's loss are summed
     and divided by their number, as a pipeline schedule does."""
     device = torch.device(device)
-    model = _mlp().to(device)
+    model = small_mlp().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
-    for x, y in _batches():
+    for x, y in mlp_batches(STEPS, GLOBAL_BATCH):
         opt.zero_grad()
         step_losses = []
         for xm, ym in zip(x.to(device).chunk(microbatches), y.to(device).chunk(microbatches)):
@@ -95,7 +69,7 @@ def _train_one_process(device, microbatches=1):
                 p.grad.div_(microbatches)
         opt.step()
         losses.append(step_losses)
-    return losses, _state(model)
+    return losses, full_state(model)
 
 
 def _pipeline(device, schedule_name, rank, world):
@@ -105,14 +79,14 @@ def _pipeline(device, schedule_name, rank, world):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     device = torch.device(device)
-    model = _mlp()
+    model = small_mlp()
     part = (model[:2] if rank == 0 else model[2:]).to(device)
     stage = PipelineStage(part, rank, world, device)
     schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule_name](
         stage, n_microbatches=MICROBATCHES, loss_fn=_mse)
     opt = torch.optim.SGD(part.parameters(), lr=0.1)
     losses = []
-    for x, y in _batches():
+    for x, y in mlp_batches(STEPS, GLOBAL_BATCH):
         opt.zero_grad()
         step_losses = []
         if rank == 0:
@@ -121,7 +95,7 @@ def _pipeline(device, schedule_name, rank, world):
             schedule.step(target=y.to(device), losses=step_losses)
         opt.step()
         losses.append([loss.detach().cpu() for loss in step_losses])
-    return losses, _state(part)  # a slice of a Sequential keeps its names ("2.weight")
+    return losses, full_state(part)  # a slice of a Sequential keeps its names ("2.weight")
 
 
 # -- context parallelism
@@ -185,8 +159,8 @@ def _simple_fsdp(device, rank, world, compiled):
     group = dist.group.WORLD
     torch.manual_seed(0)
     w = torch.randn(4, 8)
-    w_shard = _share(w, rank, world).clone().to(device).requires_grad_()
-    x, y = (_share(t, rank, world).to(device) for t in _batches()[0])
+    w_shard = rank_share(w, rank, world).clone().to(device).requires_grad_()
+    x, y = (rank_share(t, rank, world).to(device) for t in mlp_batches(STEPS, GLOBAL_BATCH)[0])
     fn = torch.compile(_simple_fsdp_loss, backend="neuron" if device == "neuron" else "inductor",
                        fullgraph=True) if compiled else _simple_fsdp_loss
 
@@ -208,12 +182,12 @@ def _fsdp1(device, rank, world):
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     device = torch.device(device, rank) if device == "neuron" else torch.device(device)
-    model = FSDP(_mlp().to(device), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
+    model = FSDP(small_mlp().to(device), auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}),
                  device_id=device, use_orig_params=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
-    for x, y in _batches():
-        loss = _mse(model(_share(x, rank, world).to(device)), _share(y, rank, world).to(device))
+    for x, y in mlp_batches(STEPS, GLOBAL_BATCH):
+        loss = _mse(model(rank_share(x, rank, world).to(device)), rank_share(y, rank, world).to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -270,13 +244,13 @@ def _fsdp2_checkpointed(device, rank, world, how):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.manual_seed(10 + rank)  # each rank its own dropout masks, the same with and without checkpointing
     losses = []
-    for x, y in _batches():
-        loss = _mse(model(_share(x, rank, world).to(device)), _share(y, rank, world).to(device))
+    for x, y in mlp_batches(STEPS, GLOBAL_BATCH):
+        loss = _mse(model(rank_share(x, rank, world).to(device)), rank_share(y, rank, world).to(device))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.detach().cpu())
-    state = _state(model)
+    state = full_state(model)
     return losses, {k.replace("inner.", ""): v for k, v in state.items()}, len(gelu_calls)
 
 
@@ -417,7 +391,7 @@ def test_functional_collectives_compiled_for_neuron_equal_eager_bit_for_bit(rank
 def test_simple_fsdp_compiled_for_neuron(ranks):
     torch.manual_seed(0)
     w = torch.randn(4, 8).requires_grad_()
-    x, y = _batches()[0]
+    x, y = mlp_batches(STEPS, GLOBAL_BATCH)[0]
     loss = ((x @ w.t() - y) ** 2).sum()
     loss.backward()
     for rank, r in ranks.items():
@@ -439,7 +413,7 @@ def test_simple_fsdp_compiled_for_neuron(ranks):
         assert compiled["code"].count("def call(") == 2
         # the global loss is the two ranks' sum; each rank's gradient, its rows
         # of the full weight's (summed by the reduce-scatter): relative 1e-6
-        torch.testing.assert_close(eager["grad"], _share(w.grad, rank, WORLD), rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(eager["grad"], rank_share(w.grad, rank, WORLD), rtol=1e-6, atol=1e-5)
 
 
 # ------------------------------------------------------------------ FSDP1
