@@ -182,9 +182,9 @@ def test_module_aliases():
     out = fix(code)
     # rewrites name torch by the module's first name for it
     assert "torch.accelerator.synchronize()\n" \
-           "torch.get_device_module().manual_seed(0) if torch.accelerator.is_available() else None\n" \
+           "if torch.accelerator.is_available():\n    torch.get_device_module().manual_seed(0)\n" \
            "torch.accelerator.synchronize()\n" \
-           "torch.accelerator.empty_cache() if torch.accelerator.is_available() else None\n" in out
+           "if torch.accelerator.is_available():\n    torch.accelerator.empty_cache()\n" in out
     assert "import torch.cuda" not in out and "from torch" not in out
 
 

@@ -123,7 +123,23 @@ class _Rewriter(cst.CSTTransformer):
             updated = new
         if isinstance(original, cst.Call) and isinstance(updated, cst.Call):
             updated = self.drop_args(original, updated)
+        if isinstance(updated, cst.SimpleStatementLine):
+            updated = self.guarded_statement(original, updated)
         return updated
+
+    @staticmethod
+    def guarded_statement(original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine):
+        """A call made a statement of its own, rewritten to ``call if available else None``
+        (fix_call_replace), reads as the ``if`` statement it means."""
+        if len(updated.body) != 1 or not isinstance(updated.body[0], cst.Expr):
+            return updated
+        expr, before = updated.body[0].value, original.body[0].value
+        if (not isinstance(expr, cst.IfExp) or isinstance(before, cst.IfExp)
+                or not (isinstance(expr.orelse, cst.Name) and expr.orelse.value == "None")):
+            return updated
+        call = cst.SimpleStatementLine(body=[cst.Expr(expr.body)], trailing_whitespace=updated.trailing_whitespace)
+        return cst.If(test=expr.test.with_changes(lpar=[], rpar=[]), body=cst.IndentedBlock(body=[call]),
+                      leading_lines=updated.leading_lines)
 
     # -- the rewrites, one per FixSpec kind ----------------------------------------------------
 
