@@ -19,6 +19,7 @@ parity is kept (CPU-side seeding) and how peak memory is measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -60,6 +61,9 @@ def parse_args(argv=None):
                    "(loaded with map_location=<device>; the CPU reference resumes from it too)")
     p.add_argument("--text", metavar="FILE", help="train on this UTF-8 text instead of the generated corpus")
     p.add_argument("--sample-chars", type=int, default=160, help="length of the sampled text")
+    p.add_argument("--target", choices=["trn2", "trn3"],
+                   help="model the device run on Trainium (the twin, docs/target.md; also TORCHNEURON_TARGET): "
+                        "modelled step time, compiles and cost in the summary")
     p.add_argument("--profile", action="store_true",
                    help="instead of the full run, profile a few training steps with torch.profiler and write "
                         "the explorer's report (OUT/profile/report.html)")
@@ -223,7 +227,13 @@ def main(argv=None) -> int:
                         resume_from=args.resume), ckpt
 
     # --- device run -----------------------------------------------------------
-    res_dev, ckpt_dev = run(device, device.type)
+    twin = None
+    if device.type == "neuron":
+        import torchneuron.target as target
+
+        twin = target.enable(args.target) if args.target else target.active()
+    with (target.measure(steps=tc.steps) if twin else contextlib.nullcontext()) as window:
+        res_dev, ckpt_dev = run(device, device.type)
     print(f"{device}: {res_dev.n_params:,} parameters, final loss {res_dev.losses[-1]:.4f}, "
           f"val loss {res_dev.val_loss:.4f}, {res_dev.elapsed_s:.1f} s; checkpoint {ckpt_dev}")
     dlogits = checkpoint_roundtrip(ckpt_dev, res_dev.model, tok)
@@ -282,6 +292,13 @@ def main(argv=None) -> int:
         print(f"max relative loss difference {runs[0].device} vs cpu over {len(new_dev)} steps: {rel:.2e}")
         if runs[0].tokens_per_s > 0 and runs[1].tokens_per_s > 0:
             print(f"throughput {runs[0].device}/cpu: {runs[0].tokens_per_s / runs[1].tokens_per_s:.2f}x")
+    if twin:
+        from torchneuron.target import report
+
+        summary["target"] = window.summary
+        print()
+        print(report.render(window.summary, report.workload(
+            window.summary, tokens_per_step=summary["tokens_per_step"], steps_per_epoch=None)))
     js = os.path.join(args.out, "summary.json")
     with open(js, "w") as f:
         json.dump(summary, f, indent=2, default=str)

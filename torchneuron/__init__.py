@@ -23,6 +23,10 @@ from . import environment as _environment  # noqa: E402
 # at the first device use).
 _environment.check()
 
+from .target import _machine_from_environment  # noqa: E402
+
+_machine_from_environment()  # TORCHNEURON_TARGET picks the machine model before the runtime starts
+
 from . import _C  # the C++ bridge: registers guard, hooks, allocator, kernels
 
 _C._device_tanh()  # reads TORCHNEURON_DEVICE_TANH at start-up: a malformed value fails here, naming it
@@ -62,3 +66,7 @@ if _os.environ.get("TORCHNEURON_MEMCHECK"):  # the device memory checker (docs/s
     from . import memcheck as _memcheck
 
     _memcheck._enable_from_environment()
+
+from . import target as _target  # noqa: E402
+
+_target._enable_from_environment()  # TORCHNEURON_TARGET: the Trainium twin for the whole program

@@ -379,6 +379,12 @@ REGISTRY: tuple[Variable, ...] = (
              "and the NKI emulator", default="trn2", reader="runtime"),
     Variable("TORCHNEURON_NKI_TARGET", MachineName(), "torchneuron", "",
              "the NKI emulator's second name for TORCHNEURON_MACHINE", reader="runtime"),
+    Variable("TORCHNEURON_TARGET", Choice("off", "trn2", "trn3"), "torchneuron", "",
+             "the Trainium twin: trn2 or trn3 models the target's behaviour, compiles, time and cost "
+             "(docs/target.md); read at import", default="off"),
+    Variable("TORCHNEURON_TARGET_64BIT", Choice("warn", "narrow", "off"), "torchneuron", "",
+             "the twin's 64-bit rule: warn names the first value the target's 32-bit narrowing changes, "
+             "narrow computes as the target does (docs/target.md)", default="warn"),
     Variable("TORCHNEURON_HBM_BYTES", Bytes(), "torchneuron", "",
              "device memory per logical core (512M, 8G, 1T, bytes), all cores together within the host's memory",
              default_doc="the machine's HBM per logical core, at most a core's share of half the host's memory",

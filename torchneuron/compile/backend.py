@@ -76,6 +76,25 @@ _graph_ids = iter(range(1, 1 << 62))
 stats: collections.Counter = collections.Counter()
 
 
+def _as_on_target(mode: str) -> str:
+    """The Trainium twin (torchneuron.target) holds the backend to TorchNeuron's options:
+    ``dynamic=True`` is refused at compilation, and a mode other than "default" is
+    ignored with a warning (AWS's torch.compile backend reference)."""
+    from .. import target
+
+    twin = target.active()
+    if twin is None:
+        return mode
+    if not torch._dynamo.config.assume_static_by_default:
+        raise NeuronCompileError(f"torch.compile(backend='neuron'): dynamic=True is not supported on "
+                                 f"{twin.core.key} (TORCHNEURON_TARGET): each new shape compiles its own graph; "
+                                 f"leave dynamic unset")
+    if mode != "default":
+        warnings.warn(f"torch.compile(backend='neuron', mode={mode!r}): {twin.core.key} supports only the default "
+                      f"mode and compiles this graph with it (TORCHNEURON_TARGET)", target.TargetWarning)
+    return "default"
+
+
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None,
                    options: dict[str, Any] | None = None):
     from torch._inductor.compile_fx import compile_fx
@@ -90,7 +109,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = 
                                 not environment.flag("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")))
     allow_cpu = bool(options.pop("allow_cpu_inputs", False))
     model_name = str(options.pop("model_name", None) or metrics.get_model_name())
-    mode = mode or "default"
+    mode = _as_on_target(mode or "default")
     if mode not in MODES:
         raise NeuronCompileError(f"torch.compile(backend='neuron'): unknown mode {mode!r}; "
                                  f"expected one of {', '.join(MODES)}")
@@ -136,7 +155,12 @@ def _compile(gm, example_inputs, mode: str, config_patches: dict, model_name: st
         inner = inner_compile(_graph_label(gm))
     loaded = counters["inductor"]["fxgraph_cache_hit"]
     hits = counters["aot_autograd"]["autograd_cache_hit"]
-    with functorch_config.patch(enable_autograd_cache=not replaying and functorch_config.enable_autograd_cache):
+    # The twin (torchneuron.target) charges graphs as the inner compiler returns them, which
+    # AOTAutograd's cache would skip.
+    from .. import target
+
+    cache = not replaying and target.active() is None and functorch_config.enable_autograd_cache
+    with functorch_config.patch(enable_autograd_cache=cache):
         compiled = compile_fx(gm, example_inputs, inner_compile=metrics.recording(inner, model_name),
                               config_patches=config_patches)
     if counters["aot_autograd"]["autograd_cache_hit"] > hits:

@@ -146,9 +146,37 @@ def recording(inner_compile: Callable, model_name: str) -> Callable:
             graph_id=str(key), graph_name=f"{model_name}_{aot_name.split('__', 1)[-1]}", model_name=model_name,
             has_collectives=_has_collectives(gm), graph_node_count=len(gm.graph.nodes), timestamp=_now(), **us),
             sum(us.values()) / 1e6)
-        return out
+        return _charged_on_target(gm, out)
 
     return compile_and_record
+
+
+def _charged_on_target(gm: torch.fx.GraphModule, compiled):
+    """With the Trainium twin on: the graph counts as one compile, and each launch of
+    it is charged its modelled cost as one task (its operators are not charged apart)."""
+    from .. import target
+
+    twin = target.active()
+    if twin is None:
+        return compiled
+    from ..target import figures
+    from ..target.roofline import graph_cost
+    from ..target.twin import graph_launch
+
+    nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    twin.ledger.compiled(figures.GRAPH_COMPILE_S + figures.GRAPH_COMPILE_S_PER_NODE * nodes, graph=True)
+    cost = graph_cost(gm, twin.core)
+    from torch._functorch._aot_autograd.logging_utils import get_aot_graph_name
+
+    name = f"compiled graph {get_aot_graph_name()}"
+
+    def launch(args):
+        twin.charge_graph(name, cost)
+        with graph_launch():
+            return compiled(args)
+
+    launch._boxed_call = True
+    return launch
 
 
 def record_cache_hits(gm: torch.fx.GraphModule, model_name: str, graphs: int) -> None:

@@ -1,0 +1,247 @@
+"""The Trainium twin (torchneuron/target, docs/target.md): each rule catches a program
+that behaves otherwise on the target and stays silent on one that does not; the
+modelled time follows the roofline's figures; the cost report's arithmetic; the
+twin is off by default and TORCHNEURON_TARGET turns it on at start-up."""
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+
+import torchneuron.target as target
+from neuron_testing import run_python
+from torchneuron.compile import NeuronCompileError
+from torchneuron.nki.machine import MACHINES
+from torchneuron.target import TargetWarning, figures, report
+from torchneuron.target.roofline import op_cost
+
+DEV = "neuron"
+
+
+@pytest.fixture
+def twin():
+    t = target.enable("trn2", lnc=2)
+    yield t
+    target.disable()
+
+
+@pytest.fixture
+def narrowing():
+    t = target.enable("trn2", lnc=2, wide="narrow")
+    yield t
+    target.disable()
+
+
+def target_warnings(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fn()
+        target.summary()  # reads the pending 64-bit checks
+    return [str(w.message) for w in caught if issubclass(w.category, TargetWarning)]
+
+
+# ---------------------------------------------------------------- 64-bit types
+def test_an_int64_value_beyond_int32_is_named_with_its_operator_and_line(twin):
+    def program():
+        ids = torch.arange(4, device=DEV)
+        return ids * (1 << 31)  # the line the warning names
+
+    found = target_warnings(program)
+    assert len(found) == 1, found
+    assert "aten::mul" in found[0] and "test_target.py:" in found[0] and "2147483648" in found[0], found[0]
+    assert "int32 as -2147483648" in found[0], found[0]
+
+
+def test_int64_values_within_int32_and_exact_float64_pass_silently(twin):
+    def program():
+        ids = torch.arange(1000, device=DEV) * 1000
+        halves = torch.arange(8, device=DEV, dtype=torch.float64) / 2
+        return ids.sum(), halves.sum()
+
+    assert target_warnings(program) == []
+
+
+def test_a_float64_value_float32_cannot_hold_is_named(twin):
+    found = target_warnings(lambda: torch.full((3,), 0.1, dtype=torch.float64, device=DEV) * 3)
+    assert found and "float64" in found[0] and "float32" in found[0], found
+
+
+def test_a_finding_is_reported_once_per_operator_and_line(twin):
+    def program():
+        for _ in range(5):
+            torch.arange(3, device=DEV) + (1 << 40)
+
+    assert len(target_warnings(program)) == 1
+
+
+def test_narrow_mode_computes_int64_as_the_targets_int32(narrowing):
+    big = torch.tensor([2**31 - 1, -2**31, 5], dtype=torch.int64)
+    got = (big.to(DEV) + 1).cpu()
+    want = (big.to(torch.int32) + 1).to(torch.int64)  # int32 arithmetic wraps
+    assert got.dtype == torch.int64  # as TorchNeuron's tensors, the dtype stays
+    assert torch.equal(got, want), (got, want)
+
+
+def test_narrow_mode_computes_float64_as_float32(narrowing):
+    g = torch.Generator().manual_seed(3)
+    x, y = (torch.randn(64, generator=g).to(torch.float64) for _ in range(2))
+    got = (x.to(DEV) * y.to(DEV) + x.to(DEV)).cpu()
+    want = (x.float() * y.float() + x.float()).to(torch.float64)
+    assert torch.equal(got, want)
+    assert not torch.equal((x * y + x), want)  # the CPU's float64 differs: the rule did something
+
+
+# ---------------------------------------------------------------- compiles and shape churn
+def test_shape_churn_at_one_line_is_reported_once_with_the_changing_dimension(twin):
+    def program():
+        for n in range(5, 12):
+            torch.ones(n, 4, device=DEV).sum(0)  # a growing dimension: a compile per size on the target
+
+    found = [m for m in target_warnings(program) if "shape churn" in m]
+    assert any("aten::sum" in m and "dimension 0 of tensor argument 0 takes 5, 6, 7, 8" in m for m in found), found
+    assert all("test_target.py:" in m for m in found), found
+    assert len([m for m in found if "aten::sum" in m]) == 1
+
+
+def test_a_repeating_shape_is_one_compile_and_no_churn(twin):
+    before = target.summary()["eager_compiles"]
+
+    def program():
+        for _ in range(6):
+            torch.ones(7, 4, device=DEV).sum(0)
+
+    assert not [m for m in target_warnings(program) if "shape churn" in m]
+    assert target.summary()["eager_compiles"] - before == 2  # ones and sum, once each
+
+
+def test_dynamic_true_is_refused_as_on_the_target_and_accepted_without_the_twin():
+    fn = torch.compile(lambda a: a * 2 + 1, backend="neuron", dynamic=True)
+    x = torch.randn(5, device=DEV)
+    torch.testing.assert_close(fn(x), x * 2 + 1)  # off: the device takes dynamic=True
+    torch._dynamo.reset()
+    target.enable("trn2")
+    try:
+        fn = torch.compile(lambda a: a * 2 + 1, backend="neuron", dynamic=True)
+        with pytest.raises(Exception) as e:
+            fn(x)
+        assert isinstance(e.value, NeuronCompileError) or "dynamic=True is not supported on trn2" in str(e.value)
+    finally:
+        target.disable()
+        torch._dynamo.reset()
+
+
+def test_a_mode_other_than_default_warns_and_each_shape_compiles_its_graph(twin):
+    torch._dynamo.reset()
+    try:
+        fn = torch.compile(lambda a: (a.sin() * 2).sum(), backend="neuron", mode="max-autotune-no-cudagraphs")
+        with pytest.warns(TargetWarning, match="supports only the default mode"):
+            fn(torch.randn(8, device=DEV))
+        before = target.summary()
+        for n in (8, 9, 10, 8):
+            x = torch.full((n,), 0.5)
+            torch.testing.assert_close(fn(x.to(DEV)).cpu(), (x.sin() * 2).sum())
+        after = target.summary()
+        assert after["graph_compiles"] - before["graph_compiles"] == 2  # 9 and 10: new shapes, not dynamic
+        graphs = [o for o in after["top_ops"] if o["op"].startswith("compiled graph")]
+        assert sum(o["count"] for o in graphs) == 5  # one launch per call, its operators not charged apart
+        assert not any(o["op"] == "aten::sin" for o in after["top_ops"])
+    finally:
+        torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------- memory of one logical core
+def test_an_allocation_beyond_the_targets_hbm_raises_out_of_memory_naming_it(twin):
+    small = dataclasses.replace(MACHINES["trn2"], hbm_bytes_per_device=8 * (4 << 20))  # 8 MiB per logical core
+    twin.core = figures.LogicalCore(small, 2)
+    torch.empty(4 << 20, dtype=torch.uint8, device=DEV).fill_(1)  # fits
+    with pytest.raises(torch.OutOfMemoryError, match="8 MiB of HBM|0 GiB of HBM"):
+        torch.empty(16 << 20, dtype=torch.uint8, device=DEV).fill_(1)
+
+
+# ---------------------------------------------------------------- the roofline
+def test_the_roofline_of_a_matmul_an_add_and_a_tiny_op():
+    core = figures.logical_core("trn2", 2)
+    a, a2 = (torch.randn(2048, 2048, dtype=torch.bfloat16) for _ in range(2))
+    mm = op_cost(torch.ops.aten.mm.default, (a, a2), {}, a @ a2, core)
+    assert mm.flops == 2 * 2048**3
+    assert mm.engine_s["tensor"] == pytest.approx(mm.flops / (79e12 * 2))
+    assert mm.engine_s["hbm"] == pytest.approx(3 * a.nbytes / (3.0e12 / 8 * 2))
+    assert mm.bound == "compute" and mm.engine == "tensor"
+    b = torch.randn(1 << 24)
+    add = op_cost(torch.ops.aten.add.Tensor, (b, b), {}, b + b, core)
+    assert add.bound == "memory" and add.bytes == 2 * b.nbytes  # the same input read once
+    tiny = op_cost(torch.ops.aten.add.Tensor, (b[:4], b[:4]), {}, b[:4] + b[:4], core)
+    assert tiny.bound == "launch" and tiny.seconds == pytest.approx(tiny.busy_s + figures.LAUNCH_US["trn2"] * 1e-6)
+    assert op_cost(torch.ops.aten.view.default, (b, [-1]), {}, b.view(-1), core) is None
+    wide = torch.zeros(1 << 20, dtype=torch.int64)
+    assert op_cost(torch.ops.aten.neg.default, (wide,), {}, -wide, core).bytes == 2 * 4 * (1 << 20)
+
+
+def test_a_training_step_is_charged_and_measured(twin):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 8)).to(DEV)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(32, 64, device=DEV)
+    with target.measure(steps=3) as w:
+        for _ in range(3):
+            opt.zero_grad()
+            model(x).square().mean().backward()
+            opt.step()
+    s = w.summary
+    assert s["modelled"] and s["target"] == "trn2" and s["steps"] == 3
+    assert s["device_s_per_step"] == pytest.approx(s["device_s"] / 3)
+    assert s["device_s"] == pytest.approx(sum(s["bound_s"].values()))
+    ops = {o["op"] for o in s["top_ops"]}
+    assert "aten::addmm" in ops or "aten::mm" in ops
+    assert s["launches"] >= 3 * 10
+
+
+# ---------------------------------------------------------------- the cost report
+SUMMARY = {"target": "trn2", "device": "Trainium2", "lnc": 2, "steps": 10, "device_s": 0.5, "compile_s": 30.0,
+           "eager_compiles": 30, "graph_compiles": 0, "bound_s": {"launch": 0.3, "compute": 0.2},
+           "top_ops": [{"op": "aten::mm", "share": 0.4, "bound": "compute"}]}
+
+
+def test_cost_per_workload_arithmetic():
+    w = report.workload(SUMMARY, usd_per_hour=36.0, instance="trn2.48xlarge", data_parallel=64,
+                        steps_per_epoch=100, tokens_per_step=4096)
+    assert w["step_s"] == pytest.approx(0.05) and w["logical_cores_per_instance"] == 64 and w["instances"] == 1
+    assert w["usd_per_step"] == pytest.approx(36.0 / 3600 * 0.05)
+    assert w["epoch_s"] == pytest.approx(5.0) and w["usd_per_epoch"] == pytest.approx(36.0 / 3600 * 5.0)
+    assert w["s_per_million_tokens"] == pytest.approx(0.05 / (4096 * 64) * 1e6)
+    assert report.workload(SUMMARY, usd_per_hour=36.0, chips=16, data_parallel=65)["instances"] == 2
+    with pytest.raises(ValueError, match="unknown trn2 instance"):
+        report.workload(SUMMARY, usd_per_hour=1.0, instance="trn9.huge")
+    with pytest.raises(ValueError, match="needs the instance"):
+        report.workload(SUMMARY, usd_per_hour=1.0)
+
+
+def test_the_report_command(tmp_path):
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({"target": SUMMARY}))
+    r = run_python(f"""
+        import sys
+        from torchneuron.target.report import main
+        sys.exit(main([{str(path)!r}, "--usd-per-hour", "36", "--instance", "trn2.48xlarge",
+                       "--tokens-per-step", "4096"]))""")
+    assert r.returncode == 0, r.stderr
+    assert "Modelled on the target (not measured)" in r.stdout and "cost per step" in r.stdout, r.stdout
+    assert "assumptions:" in r.stdout
+
+
+# ---------------------------------------------------------------- start-up
+def test_off_by_default_and_on_from_the_environment():
+    probe = """
+        import json, torch, torchneuron.target as t
+        p = torch.neuron.get_device_properties(0)
+        print(json.dumps({"active": t.active() is not None, "name": p.name}))"""
+    off = run_python(probe, unset=("TORCHNEURON_TARGET", "TORCHNEURON_MACHINE"))
+    assert off.returncode == 0 and json.loads(off.stdout.splitlines()[-1])["active"] is False, off.stderr
+    on = run_python(probe, env={"TORCHNEURON_TARGET": "trn3"}, unset=("TORCHNEURON_MACHINE",))
+    assert on.returncode == 0, on.stderr
+    assert json.loads(on.stdout.splitlines()[-1]) == {"active": True, "name": "NeuronCore-v4 (emulated)"}
+    clash = run_python("import torch", env={"TORCHNEURON_TARGET": "trn3", "TORCHNEURON_MACHINE": "trn2"})
+    assert clash.returncode != 0 and "name different machines" in clash.stderr
+    bad = run_python("import torch", env={"TORCHNEURON_TARGET": "trn9"})
+    assert bad.returncode != 0 and "TORCHNEURON_TARGET" in bad.stderr

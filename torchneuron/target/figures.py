@@ -1,0 +1,94 @@
+"""Every figure the Trainium twin's model uses, with its source.
+
+Per-NeuronCore figures (TensorEngine TFLOPS per dtype class, engine clocks and
+rates, HBM per device and its bandwidth) are the NKI emulator's machine models
+(``torchneuron/nki/machine.py``), taken from AWS's NKI architecture guides for
+NeuronCore-v3 (Trainium2) and NeuronCore-v4 (Trainium3); this file derives a
+logical core's figures from them and adds what the model needs above one
+kernel. A figure AWS does not publish is marked ``assumed``: the report lists
+those with every result they enter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..nki.machine import MACHINES, Machine
+
+# Chips per instance and the instance names AWS sells (AWS Neuron docs, "Amazon EC2
+# Trn2 Architecture": trn2.48xlarge and trn2u.48xlarge have 16 Trainium2 chips, a
+# Trn2 UltraServer 64; "Trainium3 Architecture" for Trn3).
+INSTANCES = {
+    "trn2": {"trn2.48xlarge": 16, "trn2u.48xlarge": 16, "Trn2 UltraServer": 64},
+    "trn3": {"Trn3 UltraServer": 144},
+}
+
+# Per-launch cost of one eager operator or compiled graph on the device: the
+# runtime's execute call and its DMA descriptors. Assumed (AWS publishes no figure).
+LAUNCH_US = {"trn2": 15.0, "trn3": 15.0}
+# Compile time of one new eager operator signature, and of one compiled graph (a
+# fixed part plus a part per FX node). Assumed: AWS's docs describe first compiles as
+# taking minutes for whole models without a per-graph figure.
+EAGER_COMPILE_S = 1.0
+GRAPH_COMPILE_S = 20.0
+GRAPH_COMPILE_S_PER_NODE = 0.05
+# Distinct signatures of one operator at one Python line before the twin calls it
+# shape churn (each is a compile on the target).
+CHURN_SIGNATURES = 4
+
+ASSUMED = {
+    "launch_us": "per-launch cost of an operator or graph (LAUNCH_US)",
+    "eager_compile_s": "compile time of a new eager operator signature (EAGER_COMPILE_S)",
+    "graph_compile_s": "compile time of a graph: GRAPH_COMPILE_S + GRAPH_COMPILE_S_PER_NODE per node",
+}
+
+
+@dataclass(frozen=True)
+class LogicalCore:
+    """What one logical NeuronCore (``lnc`` physical cores) of a target offers."""
+
+    machine: Machine
+    lnc: int
+
+    @property
+    def key(self) -> str:
+        return self.machine.key
+
+    def tensor_flops_per_s(self, dtype_class: str) -> float:
+        """TensorEngine peak for inputs of a class: "fp32", "bf16" (also fp16, tf32) or "fp8"."""
+        tflops = self.machine.tensor_tflops
+        return tflops.get(dtype_class, tflops["fp32"]) * 1e12 * self.lnc
+
+    def engine_elements_per_s(self, engine: str, two_byte: bool) -> float:
+        """Elements per second a Vector/Scalar/GpSimd engine processes: its rate per
+        partition per cycle (the faster one for 2-byte types), 128 partitions, its clock."""
+        rate = {"vector": self.machine.vector_rate, "scalar": self.machine.scalar_rate,
+                "gpsimd": self.machine.gpsimd_rate}[engine][1 if two_byte else 0]
+        return rate * self.machine.partitions * self.machine.clock_ghz[engine] * 1e9 * self.lnc
+
+    @property
+    def hbm_bytes_per_s(self) -> float:
+        m = self.machine
+        return m.hbm_bytes_per_s_per_device / m.cores_per_device * self.lnc
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.machine.hbm_bytes_per_core * self.lnc
+
+    @property
+    def launch_s(self) -> float:
+        return LAUNCH_US[self.key] * 1e-6
+
+    @property
+    def cores_per_chip(self) -> int:
+        return self.machine.cores_per_device // self.lnc
+
+
+TARGETS = ("trn2", "trn3")
+
+
+def logical_core(target: str, lnc: int = 2) -> LogicalCore:
+    if target not in TARGETS:
+        raise ValueError(f"unknown target {target!r}: expected one of {', '.join(TARGETS)}")
+    if lnc not in (1, 2):
+        raise ValueError(f"logical core size {lnc!r}: expected 1 or 2")
+    return LogicalCore(MACHINES[target], lnc)
