@@ -94,6 +94,10 @@ def render(summary: dict, w: dict) -> str:
     width = max(len(k) for k, _ in rows)
     lines = ["Modelled on the target (not measured): " + ", ".join(rows[0][1:])]
     lines += [f"  {k:<{width}}  {v}" for k, v in rows[1:]]
+    if summary.get("churn"):
+        first = summary["churn"][0]
+        lines.append(f"  shape churn: {len(summary['churn'])} operator(s) at lines that keep making new shapes, "
+                     f"first {first['op']} at {first['site']}")
     lines.append("  top operators: " + "; ".join(f"{o['op']} {o['share']:.0%} ({o['bound']})"
                                                   for o in summary["top_ops"][:5]))
     lines.append("  assumptions: " + "; ".join(w["assumptions"].values()))

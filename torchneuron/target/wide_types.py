@@ -21,6 +21,7 @@ dtype behavior). Two ways to see it here (``TORCHNEURON_TARGET_64BIT``):
 from __future__ import annotations
 
 import threading
+
 import torch
 
 WIDE = {torch.int64: torch.int32, torch.float64: torch.float32}
@@ -31,12 +32,17 @@ class TargetWarning(UserWarning):
     """The program would behave differently on the target (``TORCHNEURON_TARGET``)."""
 
 
-def _changed(t: torch.Tensor) -> torch.Tensor:
-    """Where narrowing would change ``t`` (a bool tensor on t's device)."""
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _check(t: torch.Tensor):
+    """Device work that finds a value narrowing would change: (whether there is one, one
+    such value), both 0-dim tensors. For int64 one reduction: the extremes."""
     if t.dtype == torch.int64:
-        return (t < -(1 << 31)) | (t > (1 << 31) - 1)
-    narrowed = t.to(torch.float32).to(torch.float64)
-    return (narrowed != t) & ~torch.isnan(t)
+        lo, hi = torch.aminmax(t)
+        return (lo < INT32_MIN) | (hi > INT32_MAX), torch.where(hi > INT32_MAX, hi, lo)
+    changed = ((t.to(torch.float32).to(torch.float64) != t) & ~torch.isnan(t)).reshape(-1)
+    return changed.any(), t.reshape(-1)[changed.to(torch.uint8).argmax()]
 
 
 class WideTypes:
@@ -61,9 +67,7 @@ class WideTypes:
             if (op, site) in self._reported:
                 continue
             with torch.no_grad():
-                changed = _changed(t).reshape(-1)
-                first = t.reshape(-1)[changed.to(torch.uint8).argmax()]
-                item = (op, site, changed.any(), first, t.dtype)
+                item = (op, site, *_check(t), t.dtype)
             with self._lock:
                 self._pending.append(item)
                 full = len(self._pending) >= CHECKS_PER_READ
