@@ -176,8 +176,15 @@ def profile_training(args, device: torch.device, mc: gm.GPTConfig, tc: gm.TrainC
         activities.append(ProfilerActivity.PrivateUse1)
     # Step 0 (first calls: meta passes, caches) is skipped, step 1 warms the profiler up.
     tc.steps = 2 + args.profile_steps
+
+    def export(p):
+        p.export_chrome_trace(trace_path)
+        import torchneuron.target as target
+
+        if target.active():  # the Trainium twin's account of the profiled steps, for the explorer
+            target.add_to_trace(trace_path, steps=args.profile_steps)
     with profile(activities=activities, schedule=schedule(skip_first=1, wait=0, warmup=1, active=args.profile_steps, repeat=1),
-                 on_trace_ready=lambda p: p.export_chrome_trace(trace_path),
+                 on_trace_ready=lambda p: export(p),
                  record_shapes=True, profile_memory=True, with_stack=True) as prof:
         gm.train(device, seed=args.seed, model_config=mc, train_config=tc, text=text,
                  keep_model=False, on_step=lambda step: prof.step())
@@ -209,6 +216,11 @@ def main(argv=None) -> int:
           f"vocab {tok.vocab_size}, train/val {len(train_ids):,}/{len(val_ids):,}")
     print(f"model: {mc.n_layer} layers, d_model {mc.d_model}, {mc.n_head} heads, context {mc.block_size}, "
           f"dropout {mc.dropout}, attention {mc.attention}")
+    twin = None
+    if device.type == "neuron":
+        import torchneuron.target as target
+
+        twin = target.enable(args.target) if args.target else target.active()
     if args.profile:
         print(f"profiling {args.profile_steps} training steps x batch {tc.batch_size} x {mc.block_size} "
               f"(after one skipped and one warm-up step)")
@@ -227,11 +239,6 @@ def main(argv=None) -> int:
                         resume_from=args.resume), ckpt
 
     # --- device run -----------------------------------------------------------
-    twin = None
-    if device.type == "neuron":
-        import torchneuron.target as target
-
-        twin = target.enable(args.target) if args.target else target.active()
     with (target.measure(steps=tc.steps) if twin else contextlib.nullcontext()) as window:
         res_dev, ckpt_dev = run(device, device.type)
     print(f"{device}: {res_dev.n_params:,} parameters, final loss {res_dev.losses[-1]:.4f}, "

@@ -284,3 +284,20 @@ def test_llama_generation_reports_the_growing_kv_cache_as_shape_churn(twin):
     by_file = {m.split(" at ")[1].split(":")[0].rsplit("/", 1)[-1]: m for m in found}
     assert "dimension 2 of tensor argument 0 takes 8, 9, 10, 11" in by_file["cache_utils.py"]  # the KV cache's cat
     assert "dimension 1 of tensor argument 0 takes 8, 9, 10, 11" in by_file["utils.py"]  # the generated ids' cat
+
+
+# ---------------------------------------------------------------- the profiler and the explorer
+def test_a_profiled_run_carries_the_twins_account_into_the_explorer(twin, tmp_path):
+    import torchneuron.explorer as explorer
+
+    x = torch.randn(64, 64, device=DEV)
+    (x @ x).sum().item()  # before the profiler: not in its account
+    with torch.profiler.profile() as prof:
+        for _ in range(3):
+            (x @ x).relu().sum().item()
+    summary = target.profile_summary()
+    assert summary["launches"] == 3 * 3  # mm, relu, sum per iteration; item() reads, launching nothing
+    model = explorer.analyze(explorer._trace_of(prof))["summary"]["target"]
+    assert model["target"] == "trn2" and model["launches"] == 9
+    assert model["device_us"] == pytest.approx(summary["device_s"] * 1e6)
+    assert {o["op"] for o in model["top_ops"]} == {"aten::mm", "aten::relu", "aten::sum"}

@@ -169,3 +169,29 @@ def test_a_torch_neuronx_profile_shows_its_host_samples_and_account(browser, tmp
     account = browser.execute_script("return document.getElementById('card-neuron-profile').textContent")
     assert "mean 40.0 %" in host and "peak 3.0 GiB, process peak 1.0 GiB" in host
     assert "DEVICE, CPU_UTIL" in account and "4 (max_events_per_nc 10)" in account and "no .neff here" in account
+
+
+def test_the_trainium_twins_account_shows_in_the_summary(browser, tmp_path):
+    # torchneuron.target's account of the profiled work (top-level "neuronTargetModel").
+    from synthetic_device_rows import TraceBuilder
+    b = TraceBuilder()
+    b.op("aten::mm", 10, 20)
+    trace = b.trace()
+    trace["neuronTargetModel"] = {
+        "target": "trn2", "device": "Trainium2", "lnc": 2, "device_s": 0.002, "launches": 120,
+        "bound_s": {"launch": 0.0018, "memory": 0.0002}, "engine_s": {"hbm": 0.0002},
+        "eager_compiles": 40, "graph_compiles": 1, "compile_s": 60.0, "wide_findings": 1,
+        "churn": [{"op": "aten::cat", "site": "gen.py:7"}],
+        "top_ops": [{"op": "aten::mm", "count": 10, "seconds": 0.0005, "share": 0.25, "bound": "launch"}],
+        "assumptions": {"launch_us": "per-launch cost of an operator or graph (LAUNCH_US)"}}
+    path = str(tmp_path / "target.html")
+    explorer.report(trace, path)
+    browser.get("file://" + path)
+    _show(browser, "summary")
+    assert browser.execute_script("return neuronExplorer.errors") == []
+    assert [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")] == []
+    card = browser.execute_script("return document.getElementById('card-target').textContent")
+    assert "Modelled on Trainium2 (trn2, LNC=2): not measured" in card, card
+    assert "2.00 ms in 120 launches" in card and "40 eager signatures, 1 graphs" in card, card
+    assert "1 shape churn site(s), 1 64-bit value(s)" in card and "aten::mm" in card and "25% · launch" in card, card
+    assert "Assumed: per-launch cost" in card, card

@@ -24,10 +24,23 @@ def _trace_of(source):
         os.close(fd)
         try:
             source.export_chrome_trace(path)
-            return load_trace(path)
+            trace = load_trace(path)
         finally:
             os.unlink(path)
+        return _with_target_model(trace)
     return load_trace(source)
+
+
+def _with_target_model(trace: dict) -> dict:
+    """The trace, with the Trainium twin's account of the profiled work when the twin is on
+    and the trace has none (torchneuron.target.add_to_profiler puts it in while recording)."""
+    from .. import target
+
+    if target.TRACE_KEY not in trace and target.active() is not None:
+        summary = target.profile_summary()
+        if summary is not None:
+            trace[target.TRACE_KEY] = summary
+    return trace
 
 
 def report(prof_or_trace, path="report.html", *, title=None) -> str:

@@ -885,6 +885,7 @@ def analyze(source) -> dict:
         "host_samples": _host_samples(tr.raw),
         # torch_neuronx.profiling's account of the capture: rank, modes, what was and was not produced.
         "neuron_profile": tr.raw.get("neuronProfile") if isinstance(tr.raw.get("neuronProfile"), dict) else None,
+        "target": _target_model(tr.raw),
     }
     summary["recommendations"] = recommend(summary)
     return {
@@ -897,6 +898,41 @@ def analyze(source) -> dict:
         "stream_rows": stream_rows, "tasks": tasks_table, "fused_lists": fused_lists,
         "operators": operators, "memory": memory, "nki": _nki(tr.raw),
         "idle_labels": IDLE_CAUSE_LABELS,
+    }
+
+
+def _target_model(trace: dict):
+    """The Trainium twin's account of the profiled work (top-level ``neuronTargetModel``,
+    torchneuron.target), read tolerantly; None without one."""
+    m = trace.get("neuronTargetModel")
+    if not isinstance(m, dict):
+        return None
+
+    def number(d, k):
+        try:
+            return float(d.get(k) or 0.0)
+        except (TypeError, ValueError):
+            return 0.0
+
+    def seconds_by(key):
+        d = m.get(key)
+        return {str(k): number(d, k) for k in d} if isinstance(d, dict) else {}
+
+    ops = [{"op": str(o.get("op", "?")), "us": number(o, "seconds") * 1e6, "share": number(o, "share"),
+            "bound": str(o.get("bound", "")), "count": _as_int(o.get("count"), 0)}
+           for o in m.get("top_ops") or [] if isinstance(o, dict)]
+    return {
+        "target": str(m.get("target", "?")), "device": str(m.get("device", "")), "lnc": _as_int(m.get("lnc"), 0),
+        "device_us": number(m, "device_s") * 1e6, "launches": _as_int(m.get("launches"), 0),
+        "steps": _as_int(m.get("steps"), 0),
+        "bound_us": {k: v * 1e6 for k, v in seconds_by("bound_s").items()},
+        "engine_us": {k: v * 1e6 for k, v in seconds_by("engine_s").items()},
+        "eager_compiles": _as_int(m.get("eager_compiles"), 0), "graph_compiles": _as_int(m.get("graph_compiles"), 0),
+        "compile_s": number(m, "compile_s"), "top_ops": ops,
+        "churn": [c for c in m.get("churn") or [] if isinstance(c, dict)],
+        "wide_findings": _as_int(m.get("wide_findings"), 0),
+        "assumptions": [str(v) for v in (m.get("assumptions") or {}).values()]
+                       if isinstance(m.get("assumptions"), dict) else [],
     }
 
 

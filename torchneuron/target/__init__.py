@@ -24,7 +24,11 @@ import os
 
 from .wide_types import TargetWarning
 
-__all__ = ["enable", "disable", "active", "summary", "measure", "TargetWarning"]
+__all__ = ["enable", "disable", "active", "summary", "measure", "add_to_profiler", "add_to_trace",
+           "profile_summary", "TargetWarning"]
+
+#: The key of the twin's summary in a profiler trace (the explorer's "Modelled on the target" card).
+TRACE_KEY = "neuronTargetModel"
 
 _twin = None
 
@@ -140,6 +144,43 @@ def measure(steps: int | None = None):
         twin.wide.read()
     w.ledger = twin.ledger.since(before)
     w.summary = _describe(w.ledger, twin, steps)
+
+
+def profile_summary(steps: int | None = None) -> dict | None:
+    """What the latest profiler run charged (from its first operator on the device), or None."""
+    twin = _require()
+    if twin.profile_start is None:
+        return None
+    if twin.wide:
+        twin.wide.read()
+    end = twin.profile_end or twin.ledger
+    return _describe(end.since(twin.profile_start), twin, steps)
+
+
+def add_to_profiler(prof, steps: int | None = None) -> None:
+    """Puts the twin's account of the profiled work into a running ``torch.profiler``
+    trace (call it inside the ``with``), where the explorer shows it. The explorer's
+    ``report(prof)`` adds it by itself after the run."""
+    import json
+
+    summary = profile_summary(steps)
+    if summary is not None:
+        prof.add_metadata_json(TRACE_KEY, json.dumps(summary, default=str))
+
+
+def add_to_trace(path: str, steps: int | None = None) -> None:
+    """Adds the twin's account of the latest profiler run to the chrome trace it wrote to
+    ``path`` (an ``on_trace_ready`` handler's export, for example)."""
+    import json
+
+    summary = profile_summary(steps)
+    if summary is None:
+        return
+    with open(path) as f:
+        trace = json.load(f)
+    trace[TRACE_KEY] = summary
+    with open(path, "w") as f:
+        json.dump(trace, f, default=str)
 
 
 def _machine_from_environment() -> None:

@@ -25,6 +25,7 @@ import warnings
 from collections import Counter, defaultdict
 
 import torch
+import torch.autograd.profiler as _profiler
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import figures
@@ -140,6 +141,10 @@ class Twin(TorchDispatchMode):
         self._churn_reported = set()
         self.churn: list = []              # the shape-churn reports
         self._headroom: dict = {}          # device -> bytes left on the target at the last reading
+        self._profiling = False
+        # The ledger when the latest profiler run began and ended (None: not yet).
+        self.profile_start: Ledger | None = None
+        self.profile_end: Ledger | None = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -157,6 +162,12 @@ class Twin(TorchDispatchMode):
         leaves = _leaves((args, kwargs), [])
         if not results and not any(isinstance(t, torch.Tensor) and t.device.type == "neuron" for t in leaves):
             return out
+        if _profiler._is_profiler_enabled != self._profiling:
+            self._profiling = _profiler._is_profiler_enabled
+            if self._profiling:
+                self.profile_start, self.profile_end = self.ledger.snapshot(), None
+            else:
+                self.profile_end = self.ledger.snapshot()
         name = func.name()
         execution = self._execution()
         try:

@@ -6,6 +6,7 @@
   const D = JSON.parse(document.getElementById("explorer-data").textContent);
   const S = D.strings;
   const SUM = D.summary;
+  const TARGET_BOUND_COLORS = { compute: "#2563eb", memory: "#f59e0b", launch: "#ef4444" };
   const KIND_COLORS = { op: "#3b82f6", fused: "#f59e0b", compiled: "#8b5cf6", nki: "#10b981", copy: "#6b7280" };
   const CAUSE_COLORS = { queued: "#a78bfa", sync: "#ef4444", host_bound: "#f59e0b", empty_queue: "#94a3b8" };
   const ENGINE_COLORS = { Tensor: "#3b82f6", Vector: "#f59e0b", Scalar: "#10b981", GpSimd: "#8b5cf6", DMA: "#6b7280" };
@@ -224,6 +225,24 @@
       el("dt", { text: m.label }), el("dd", { text: "peak allocated " + fmtBytes(m.peak_allocated) + ", peak reserved " + fmtBytes(m.peak_reserved) +
         (m.peak_reserved > 0 ? ", fragmentation " + pct(m.fragmentation) : "") })));
     grid.appendChild(mem);
+
+    const tm = SUM.target;
+    if (tm) {
+      const card = el("div", { class: "card wide", id: "card-target" },
+        el("h2", { text: "Modelled on " + (tm.device || tm.target) + " (" + tm.target + ", LNC=" + tm.lnc + "): not measured" }));
+      card.appendChild(el("dl", { class: "kv" },
+        el("dt", { text: "modelled device time" }), el("dd", { text: fmtUs(tm.device_us) + " in " + tm.launches + " launches" + (tm.steps ? ", " + fmtUs(tm.device_us / tm.steps) + " per step" : "") }),
+        el("dt", { text: "compiles on the target" }), el("dd", { text: tm.eager_compiles + " eager signatures, " + tm.graph_compiles + " graphs (modelled " + tm.compile_s.toFixed(0) + " s cold)" }),
+        el("dt", { text: "findings" }), el("dd", { text: tm.churn.length + " shape churn site(s), " + tm.wide_findings + " 64-bit value(s) the target changes" })));
+      const bounds = Object.entries(tm.bound_us).map(([k, v]) => ({ label: k, value: v, color: TARGET_BOUND_COLORS[k] || "#94a3b8", text: fmtUs(v) }));
+      card.appendChild(el("h3", { text: "By bound" }));
+      card.appendChild(stackedBar(bounds, tm.device_us, 360, 16));
+      card.appendChild(legend(bounds.map((p) => ({ label: p.label, color: p.color, text: p.text }))));
+      card.appendChild(el("h3", { text: "Top operators to fix" }));
+      card.appendChild(hbars(tm.top_ops.slice(0, 10).map((r) => ({ label: r.op, value: r.us, text: fmtUs(r.us) + " \u00b7 " + pct(r.share) + " \u00b7 " + r.bound, color: TARGET_BOUND_COLORS[r.bound] || "#94a3b8" })), 640));
+      if (tm.assumptions.length) card.appendChild(el("p", { class: "muted", text: "Assumed: " + tm.assumptions.join("; ") + " (docs/target.md)" }));
+      grid.appendChild(card);
+    }
 
     const hs = SUM.host_samples;
     if (hs) {
