@@ -64,6 +64,12 @@ def parse_args(argv=None):
     p.add_argument("--target", choices=["trn2", "trn3"],
                    help="model the device run on Trainium (the twin, docs/target.md; also TORCHNEURON_TARGET): "
                         "modelled step time, compiles and cost in the summary")
+    p.add_argument("--usd-per-hour", type=float,
+                   help="with --target: your price of the instance per hour, for the modelled cost")
+    p.add_argument("--instance", default="trn2.48xlarge",
+                   help="with --usd-per-hour: the instance the price is for (docs/target.md)")
+    p.add_argument("--data-parallel", type=int, default=1,
+                   help="with --target: replicas (one per logical core) for the modelled time and cost")
     p.add_argument("--profile", action="store_true",
                    help="instead of the full run, profile a few training steps with torch.profiler and write "
                         "the explorer's report (OUT/profile/report.html)")
@@ -302,10 +308,12 @@ def main(argv=None) -> int:
     if twin:
         from torchneuron.target import report
 
-        summary["target"] = window.summary
+        workload = report.workload(window.summary, tokens_per_step=summary["tokens_per_step"],
+                                   data_parallel=args.data_parallel, usd_per_hour=args.usd_per_hour,
+                                   instance=args.instance if args.usd_per_hour is not None else None)
+        summary["target"] = window.summary | {"workload": workload}
         print()
-        print(report.render(window.summary, report.workload(
-            window.summary, tokens_per_step=summary["tokens_per_step"], steps_per_epoch=None)))
+        print(report.render(window.summary, workload))
     js = os.path.join(args.out, "summary.json")
     with open(js, "w") as f:
         json.dump(summary, f, indent=2, default=str)

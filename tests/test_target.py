@@ -301,3 +301,19 @@ def test_a_profiled_run_carries_the_twins_account_into_the_explorer(twin, tmp_pa
     assert model["target"] == "trn2" and model["launches"] == 9
     assert model["device_us"] == pytest.approx(summary["device_s"] * 1e6)
     assert {o["op"] for o in model["top_ops"]} == {"aten::mm", "aten::relu", "aten::sum"}
+
+
+def test_a_dtype_the_target_lacks_is_refused_naming_it():
+    z = torch.zeros(3, dtype=torch.complex64, device=DEV)  # off: the device has every dtype
+    assert z.dtype == torch.complex64
+    target.enable("trn2")
+    try:
+        with pytest.raises(TypeError, match="complex64 tensor on neuron:0: Trainium2's NeuronCores have no such type"):
+            torch.zeros(3, dtype=torch.complex64, device=DEV)
+        torch.zeros(3, dtype=torch.float8_e4m3fn, device=DEV)  # cFP8: the target has it
+        with pytest.raises(TypeError, match="float8_e8m0fnu"):
+            torch.zeros(3, dtype=torch.float8_e8m0fnu, device=DEV)
+        target.enable("trn3")
+        torch.zeros(3, dtype=torch.float8_e8m0fnu, device=DEV)  # an MX scale: NeuronCore-v4 has it
+    finally:
+        target.disable()

@@ -35,6 +35,13 @@ GRAPH_COMPILE_S_PER_NODE = 0.05
 # shape churn (each is a compile on the target).
 CHURN_SIGNATURES = 4
 
+# The dtypes a target's NeuronCores compute in (AWS Neuron docs, "Data Types": FP32, TF32,
+# BF16, FP16, cFP8 (e4m3, e5m2) and integers on NeuronCore-v3; NeuronCore-v4 adds the MXFP8
+# and MXFP4 microscaling formats, whose elements and scales these torch dtypes hold).
+_V3_DTYPES = ("float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float64", "bool",
+              "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64")
+DTYPES = {"trn2": _V3_DTYPES, "trn3": _V3_DTYPES + ("float8_e8m0fnu", "float4_e2m1fn_x2")}
+
 ASSUMED = {
     "launch_us": "per-launch cost of an operator or graph (LAUNCH_US)",
     "eager_compile_s": "compile time of a new eager operator signature (EAGER_COMPILE_S)",

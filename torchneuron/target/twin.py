@@ -133,6 +133,7 @@ class Twin(TorchDispatchMode):
     def __init__(self, target: str, lnc: int = 2, wide: str = "warn"):
         super().__init__()
         self.core = figures.logical_core(target, lnc)
+        self._dtypes = frozenset(getattr(torch, name) for name in figures.DTYPES[target] if hasattr(torch, name))
         self.ledger = Ledger()
         self.wide = WideTypes(wide, target) if wide != "off" else None
         self._costs: dict = {}
@@ -186,10 +187,19 @@ class Twin(TorchDispatchMode):
         if cost:
             self.ledger.charge(name, cost)
         if results:
+            self._check_dtypes(name, results)
             self._check_capacity(name, results)
         if self.wide is not None and results:  # in-place and out= operators return what they wrote
             self.wide.after(name, results, call_site)
         return out
+
+    def _check_dtypes(self, name: str, results) -> None:
+        for t in results:
+            if t.dtype not in self._dtypes:
+                raise TypeError(
+                    f"{name} made a {str(t.dtype).replace('torch.', '')} tensor on {t.device}: "
+                    f"{self.core.machine.device}'s NeuronCores have no such type (TORCHNEURON_TARGET="
+                    f"{self.core.key}; docs/target.md lists the types they have)")
 
     def _check_capacity(self, name: str, results) -> None:
         # The device's allocated bytes are read only when the results made since the last
