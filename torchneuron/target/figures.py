@@ -16,10 +16,11 @@ from ..nki.machine import MACHINES, Machine
 
 # Chips per instance and the instance names AWS sells (AWS Neuron docs, "Amazon EC2
 # Trn2 Architecture": trn2.48xlarge and trn2u.48xlarge have 16 Trainium2 chips, a
-# Trn2 UltraServer 64; "Trainium3 Architecture" for Trn3).
+# Trn2 UltraServer 64; "Amazon EC2 Trn3 Architecture": a Gen1 UltraServer 64 Trainium3
+# chips, a Gen2 UltraServer 144).
 INSTANCES = {
     "trn2": {"trn2.48xlarge": 16, "trn2u.48xlarge": 16, "Trn2 UltraServer": 64},
-    "trn3": {"Trn3 UltraServer": 144},
+    "trn3": {"Trn3 Gen1 UltraServer": 64, "Trn3 Gen2 UltraServer": 144},
 }
 
 # Per-launch cost of one eager operator or compiled graph on the device: the
