@@ -217,17 +217,14 @@ def test_cost_per_workload_arithmetic():
         report.workload(SUMMARY, usd_per_hour=1.0)
 
 
-def test_the_report_command(tmp_path):
+def test_the_report_command(tmp_path, capsys):
     path = tmp_path / "summary.json"
     path.write_text(json.dumps({"target": SUMMARY}))
-    r = run_python(f"""
-        import sys
-        from torchneuron.target.report import main
-        sys.exit(main([{str(path)!r}, "--usd-per-hour", "36", "--instance", "trn2.48xlarge",
-                       "--tokens-per-step", "4096"]))""")
-    assert r.returncode == 0, r.stderr
-    assert "Modelled on the target (not measured)" in r.stdout and "cost per step" in r.stdout, r.stdout
-    assert "assumptions:" in r.stdout
+    assert report.main([str(path), "--usd-per-hour", "36", "--instance", "trn2.48xlarge",
+                        "--tokens-per-step", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "Modelled on the target (not measured)" in out and "cost per step" in out, out
+    assert "assumptions:" in out
 
 
 # ---------------------------------------------------------------- start-up
@@ -241,10 +238,18 @@ def test_off_by_default_and_on_from_the_environment():
     on = run_python(probe, env={"TORCHNEURON_TARGET": "trn3"}, unset=("TORCHNEURON_MACHINE",))
     assert on.returncode == 0, on.stderr
     assert json.loads(on.stdout.splitlines()[-1]) == {"active": True, "name": "NeuronCore-v4 (emulated)"}
-    clash = run_python("import torch", env={"TORCHNEURON_TARGET": "trn3", "TORCHNEURON_MACHINE": "trn2"})
-    assert clash.returncode != 0 and "name different machines" in clash.stderr
-    bad = run_python("import torch", env={"TORCHNEURON_TARGET": "trn9"})
-    assert bad.returncode != 0 and "TORCHNEURON_TARGET" in bad.stderr
+
+
+def test_a_target_that_contradicts_the_machine_or_a_bad_name_is_refused(monkeypatch):
+    from torchneuron.environment import ConfigError
+
+    monkeypatch.setenv("TORCHNEURON_TARGET", "trn3")
+    monkeypatch.setenv("TORCHNEURON_MACHINE", "trn2")
+    with pytest.raises(ConfigError, match="name different machines"):
+        target._machine_from_environment()
+    monkeypatch.setenv("TORCHNEURON_TARGET", "trn9")
+    with pytest.raises(ConfigError, match="TORCHNEURON_TARGET"):
+        target._machine_from_environment()
 
 
 # ---------------------------------------------------------------- a Hugging Face model
