@@ -302,10 +302,21 @@ def test_a_profiled_run_carries_the_twins_account_into_the_explorer(twin, tmp_pa
             (x @ x).relu().sum().item()
     summary = target.profile_summary()
     assert summary["launches"] == 3 * 3  # mm, relu, sum per iteration; item() reads, launching nothing
-    model = explorer.analyze(explorer._trace_of(prof))["summary"]["target"]
+    prof.export_chrome_trace(str(tmp_path / "raw.json"))
+    raw = explorer.load_trace(str(tmp_path / "raw.json"))
+    assert target.TRACE_KEY not in raw
+    trace = target.add_model_to_trace(explorer.load_trace(str(tmp_path / "raw.json")))  # as explorer.report(prof) does
+    model = explorer.analyze(trace)["summary"]["target"]
     assert model["target"] == "trn2" and model["launches"] == 9
     assert model["device_us"] == pytest.approx(summary["device_s"] * 1e6)
     assert {o["op"] for o in model["top_ops"]} == {"aten::mm", "aten::relu", "aten::sum"}
+    row = [e for e in trace["traceEvents"] if e.get("pid") == target.TIMELINE_PID and e.get("ph") == "X"]
+    assert [e["name"] for e in row] == ["aten::mm", "aten::relu", "aten::sum"] * 3  # the second, modelled timeline
+    assert all(b["ts"] == pytest.approx(a["ts"] + a["dur"]) for a, b in zip(row, row[1:]))  # back to back
+    assert sum(e["dur"] for e in row) == pytest.approx(summary["device_s"] * 1e6)
+    # The modelled row is not taken for device tasks.
+    with_row, without = explorer.analyze(trace)["summary"], explorer.analyze(raw)["summary"]
+    assert (with_row["device_tasks"], with_row["window_us"]) == (without["device_tasks"], without["window_us"])
 
 
 def test_a_dtype_the_target_lacks_is_refused_naming_it():

@@ -171,7 +171,7 @@ def _charged_on_target(gm: torch.fx.GraphModule, compiled):
     name = f"compiled graph {get_aot_graph_name()}"
 
     def launch(args):
-        twin.charge_graph(name, cost)
+        twin.charge(name, cost)
         with graph_launch():
             return compiled(args)
 

@@ -32,14 +32,12 @@ def _trace_of(source):
 
 
 def _with_target_model(trace: dict) -> dict:
-    """The trace, with the Trainium twin's account of the profiled work when the twin is on
-    and the trace has none (torchneuron.target.add_to_profiler puts it in while recording)."""
+    """The trace, with the Trainium twin's account of the profiled work and its modelled
+    timeline when the twin is on and the trace has none (torchneuron.target.add_to_trace)."""
     from .. import target
 
     if target.TRACE_KEY not in trace and target.active() is not None:
-        summary = target.profile_summary()
-        if summary is not None:
-            trace[target.TRACE_KEY] = summary
+        target.add_model_to_trace(trace)
     return trace
 
 

@@ -168,19 +168,44 @@ def add_to_profiler(prof, steps: int | None = None) -> None:
         prof.add_metadata_json(TRACE_KEY, json.dumps(summary, default=str))
 
 
-def add_to_trace(path: str, steps: int | None = None) -> None:
-    """Adds the twin's account of the latest profiler run to the chrome trace it wrote to
-    ``path`` (an ``on_trace_ready`` handler's export, for example)."""
-    import json
+#: The process id of the modelled timeline's row in a chrome trace (beside the devices').
+TIMELINE_PID = 1 << 20
 
+
+def add_model_to_trace(trace: dict, steps: int | None = None) -> dict:
+    """The trace dict, with the twin's account of the latest profiler run (``TRACE_KEY``)
+    and a second device timeline: its launches back to back at their modelled durations,
+    from the first device task on, in a row "<target>, modelled"."""
     summary = profile_summary(steps)
     if summary is None:
-        return
+        return trace
+    trace[TRACE_KEY] = summary
+    events = trace.setdefault("traceEvents", [])
+    device = [e.get("ts") for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+              and isinstance(e.get("ts"), (int, float))]
+    starts = [e.get("ts") for e in events if isinstance(e.get("ts"), (int, float))]
+    t = min(device or starts or [0])
+    row = f"{summary['target']}, modelled"
+    events.append({"name": "process_name", "ph": "M", "pid": TIMELINE_PID, "tid": 0, "args": {"name": row}})
+    events.append({"name": "thread_name", "ph": "M", "pid": TIMELINE_PID, "tid": 0,
+                   "args": {"name": "launches (modelled, not measured)"}})
+    for name, seconds, bound, engine in _twin.timeline:
+        us = seconds * 1e6
+        events.append({"name": name, "cat": "neuron_modelled", "ph": "X", "pid": TIMELINE_PID, "tid": 0,
+                       "ts": t, "dur": us, "args": {"bound": bound, "engine": engine}})
+        t += us
+    return trace
+
+
+def add_to_trace(path: str, steps: int | None = None) -> None:
+    """Adds the twin's account of the latest profiler run and its modelled timeline to the
+    chrome trace written to ``path`` (an ``on_trace_ready`` handler's export, for example)."""
+    import json
+
     with open(path) as f:
         trace = json.load(f)
-    trace[TRACE_KEY] = summary
     with open(path, "w") as f:
-        json.dump(trace, f, default=str)
+        json.dump(add_model_to_trace(trace, steps), f, default=str)
 
 
 def _machine_from_environment() -> None:

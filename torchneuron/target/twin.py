@@ -35,6 +35,8 @@ from .wide_types import TargetWarning, WideTypes
 
 _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["torchneuron"]))
 _local = threading.local()
+# Launches of one profiled run kept for its modelled timeline (the totals count them all).
+TIMELINE_LAUNCHES = 200_000
 
 
 def warn_at(msg: str, site: str) -> None:
@@ -146,6 +148,7 @@ class Twin(TorchDispatchMode):
         # The ledger when the latest profiler run began and ended (None: not yet).
         self.profile_start: Ledger | None = None
         self.profile_end: Ledger | None = None
+        self.timeline: list = []  # the profiled run's launches: (name, seconds, bound, engine)
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -167,6 +170,7 @@ class Twin(TorchDispatchMode):
             self._profiling = _profiler._is_profiler_enabled
             if self._profiling:
                 self.profile_start, self.profile_end = self.ledger.snapshot(), None
+                self.timeline = []
             else:
                 self.profile_end = self.ledger.snapshot()
         name = func.name()
@@ -185,7 +189,7 @@ class Twin(TorchDispatchMode):
                     self.ledger.compiled(figures.EAGER_COMPILE_S, graph=False)
                     self._note_signature(name, sig, execution)
         if cost:
-            self.ledger.charge(name, cost)
+            self.charge(name, cost)
         if results:
             self._check_dtypes(name, results)
             self._check_capacity(name, results)
@@ -260,8 +264,12 @@ class Twin(TorchDispatchMode):
         warn_at(msg, site)
 
     # -- compiled graphs
-    def charge_graph(self, name: str, cost: OpCost) -> None:
+    def charge(self, name: str, cost: OpCost) -> None:
+        """Charges one launch (an operator or a compiled graph) to the ledger, and to the
+        profiled run's modelled timeline while a profiler records."""
         self.ledger.charge(name, cost)
+        if self._profiling and len(self.timeline) < TIMELINE_LAUNCHES:
+            self.timeline.append((name, cost.seconds, cost.bound, cost.engine))
 
 
 class graph_launch:
