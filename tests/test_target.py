@@ -333,3 +333,27 @@ def test_a_dtype_the_target_lacks_is_refused_naming_it():
         torch.zeros(3, dtype=torch.float8_e8m0fnu, device=DEV)  # an MX scale: NeuronCore-v4 has it
     finally:
         target.disable()
+
+
+def test_an_nki_kernel_is_charged_the_nki_performance_models_latency(twin):
+    import numpy as np
+
+    from torchneuron import nki
+    from torchneuron.nki import language as nl, perf
+
+    @nki.jit
+    def add_kernel(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a) + nl.load(b))
+        return out
+
+    a, b = (torch.randn(128, 512) for _ in range(2))
+    before = target.summary()
+    for _ in range(3):
+        out = add_kernel(a.to(DEV), b.to(DEV))
+    assert torch.equal(out.cpu(), a + b)
+    charged = {o["op"]: o for o in target.summary()["top_ops"]}["nki::add_kernel"]
+    latency_s = perf.estimate(add_kernel, a.numpy(), b.numpy(), machine="trn2").latency_ns * 1e-9
+    assert charged["count"] == 3
+    assert charged["seconds"] == pytest.approx(3 * (latency_s + figures.LAUNCH_US["trn2"] * 1e-6))
+    assert target.summary()["eager_compiles"] - before["eager_compiles"] >= 1  # the kernel's signature, once

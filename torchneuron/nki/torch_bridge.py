@@ -242,8 +242,7 @@ def _record_for(kernel: Kernel, grid, args_t, kwargs_t, tensors) -> _Record:
     key = _signature(kernel, grid, args_t, kwargs_t, tensors)
     rec = _recorded(key)
     if rec is None:
-        inputs = [np.zeros(tuple(int(s) for s in t.shape), dtype=_np_dtype(t)) for t in tensors]
-        rec = _trace(kernel, grid, args_t, kwargs_t, inputs)
+        rec = _trace(kernel, grid, args_t, kwargs_t, zero_inputs(tensors))
         _remember(key, rec)
     return rec
 
@@ -312,6 +311,21 @@ class TorchAdapter:
         return _build_result(record.result, outs, tensors)
 
 
+#: Called with (kernel, grid, args_t, kwargs_t, tensors) at each launch on the device, before
+#: the task is queued: the Trainium twin (torchneuron.target) charges the kernel there.
+launch_observer = None
+
+
+def zero_inputs(tensors) -> list:
+    """Zero-filled host arrays shaped as ``tensors``, as a shape trace runs the kernel on."""
+    return [np.zeros(tuple(int(s) for s in t.shape), dtype=_np_dtype(t)) for t in tensors]
+
+
+def arguments(args_t, kwargs_t, inputs):
+    """The kernel's arguments with ``inputs`` in the tensors' places."""
+    return _fill(args_t, inputs), {k: _fill(v, inputs) for k, v in kwargs_t.items()}
+
+
 def _device_of(kernel: Kernel, tensors) -> torch.device:
     devices = {t.device for t in tensors}
     if len(devices) > 1:
@@ -329,6 +343,8 @@ def _launch_flat(kernel: Kernel, grid, args_t, kwargs_t, tensors):
         return _run_on_host(kernel, grid, args_t, kwargs_t, tensors)
     record = _record_for(kernel, grid, args_t, kwargs_t, tensors)
     outs = [torch.empty(shape, dtype=_torch_dtype(d, name), device=device) for shape, d in record.outputs]
+    if not symbolic and launch_observer is not None:
+        launch_observer(kernel, grid, args_t, kwargs_t, tensors)
     if not symbolic:
         launch = (kernel, grid, args_t, kwargs_t, record)
         k = len(outs)

@@ -53,6 +53,10 @@ def enable(target: str = "trn2", *, lnc: int | None = None, wide: str = "warn"):
     twin = Twin(target, lnc if lnc is not None else _lnc(), wide)
     twin.__enter__()
     _twin = twin
+    from ..nki import torch_bridge
+    from .nki_kernels import observer
+
+    torch_bridge.launch_observer = observer(twin)
     # As TorchNeuron's backend: a shape seen for the first time recompiles the graph for
     # that shape rather than making its dimensions dynamic.
     torch._dynamo.config.automatic_dynamic_shapes = False
@@ -66,6 +70,9 @@ def disable() -> None:
         import torch
 
         twin, _twin = _twin, None
+        from ..nki import torch_bridge
+
+        torch_bridge.launch_observer = None
         try:
             twin.__exit__(None, None, None)
         except Exception:  # noqa: BLE001  (not on top of this thread's mode stack: dropped from it instead)
