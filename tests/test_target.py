@@ -357,3 +357,42 @@ def test_an_nki_kernel_is_charged_the_nki_performance_models_latency(twin):
     assert charged["count"] == 3
     assert charged["seconds"] == pytest.approx(3 * (latency_s + figures.LAUNCH_US["trn2"] * 1e-6))
     assert target.summary()["eager_compiles"] - before["eager_compiles"] >= 1  # the kernel's signature, once
+
+
+# ---------------------------------------------------------------- collectives
+def _collectives_on_trn2(rank, world, port):
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.neuron.set_device(rank)
+    dist.init_process_group("neuron", rank=rank, world_size=world)
+    try:
+        twin = target.enable("trn2", lnc=2)
+        t = torch.full((1 << 22,), float(rank + 1), device=DEV)
+        dist.all_reduce(t)
+        outs = [torch.empty(1 << 10, device=DEV) for _ in range(world)]
+        dist.all_gather(outs, torch.full((1 << 10,), float(rank), device=DEV))
+        s = target.summary()
+        return {"sum": t[0].item(), "ops": {o["op"]: o for o in s["top_ops"]}, "bound_s": s["bound_s"],
+                "link": twin.core.link_bytes_per_s, "launch": twin.core.launch_s}
+    finally:
+        target.disable()
+        dist.destroy_process_group()
+
+
+def test_collectives_are_charged_as_a_ring_over_neuronlink():
+    from distributed_testing import spawn_ranks
+
+    ranks = spawn_ranks(_collectives_on_trn2, 2)
+    for r in ranks.values():
+        assert r["sum"] == 3.0
+        assert r["link"] == pytest.approx(1.28e12 / 4)  # a logical core's share of the chip's NeuronLink (LNC=2)
+        reduce = next(o for name, o in r["ops"].items() if "allreduce" in name)
+        # A ring all-reduce of 2 ranks sends 2 * (1/2) of the 16 MiB tensor.
+        assert reduce["seconds"] == pytest.approx((1 << 22) * 4 / r["link"] + r["launch"])
+        assert reduce["bound"] == "collective"
+        gather = next(o for name, o in r["ops"].items() if "allgather" in name)
+        assert gather["seconds"] == pytest.approx(0.5 * 2 * (1 << 10) * 4 / r["link"] + r["launch"])
+        assert r["bound_s"]["collective"] > 0

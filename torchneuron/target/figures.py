@@ -23,6 +23,10 @@ INSTANCES = {
     "trn3": {"Trn3 Gen1 UltraServer": 64, "Trn3 Gen2 UltraServer": 144},
 }
 
+# NeuronLink bandwidth per chip, bytes per second (AWS Neuron docs, "Trainium2 Architecture":
+# NeuronLink-v3, 1.28 TB/s per chip; "Trainium3 Architecture": NeuronLink-v4, 2.56 TB/s per chip).
+LINK_BYTES_PER_S = {"trn2": 1.28e12, "trn3": 2.56e12}
+
 # Per-launch cost of one eager operator or compiled graph on the device: the
 # runtime's execute call and its DMA descriptors. Assumed (AWS publishes no figure).
 LAUNCH_US = {"trn2": 15.0, "trn3": 15.0}
@@ -81,6 +85,11 @@ class LogicalCore:
     @property
     def hbm_bytes(self) -> int:
         return self.machine.hbm_bytes_per_core * self.lnc
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        """A logical core's share of its chip's NeuronLink bandwidth."""
+        return LINK_BYTES_PER_S[self.key] / self.cores_per_chip
 
     @property
     def launch_s(self) -> float:

@@ -6,7 +6,7 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .roofline import OpCost
+from .roofline import OpCost, bound_of
 
 
 @dataclass
@@ -43,7 +43,7 @@ class Ledger:
             # The busy part counts for the engine (and bound) that sets it, the launch apart.
             busy = cost.busy_s
             self.engine_s[cost.engine] += busy
-            self.bound_s["memory" if cost.engine == "hbm" else "compute"] += busy
+            self.bound_s[bound_of(cost.engine)] += busy
             self.bound_s["launch"] += cost.launch_s
             t.bound_s[cost.bound] += cost.seconds
 

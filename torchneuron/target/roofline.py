@@ -4,8 +4,9 @@ An operator's work is split by where Trainium does it: matrix products on the
 TensorEngine (FLOPs from PyTorch's own formulas, ``torch.utils.flop_counter``),
 transcendental element-wise functions on the ScalarEngine (its activation
 unit), data-dependent indexing, sorting and scans on the GpSimd engine, the
-rest of element-wise and reduction work on the VectorEngine, and every byte
-read or written through HBM. The engines and the memory work at once, so the
+rest of element-wise and reduction work on the VectorEngine, every byte read
+or written through HBM, and a collective's traffic over NeuronLink (a ring,
+at the logical core's share of its chip's links). The engines and the memory work at once, so the
 duration is the slowest of them, plus the per-launch cost of an eager
 operator. 64-bit values count 4 bytes, as the target stores them
 (``rules.py``). Views move nothing and cost nothing.
@@ -20,7 +21,17 @@ from torch.utils._pytree import tree_flatten
 
 from .figures import LogicalCore
 
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "hbm")
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "hbm", "link")
+
+# Collectives, by the fraction of a ring's traffic each rank sends of the bytes named:
+# (n - 1) / n of the gathered or scattered whole, twice that for an all-reduce.
+_RING = {
+    "allreduce_": 2, "all_reduce": 2, "all_reduce_": 2, "all_reduce_coalesced": 2, "allreduce_coalesced_": 2,
+    "allgather_": 1, "_allgather_base_": 1, "allgather_into_tensor_coalesced_": 1, "all_gather_into_tensor": 1,
+    "all_gather_into_tensor_coalesced": 1, "reduce_scatter_": 1, "_reduce_scatter_base_": 1,
+    "reduce_scatter_tensor": 1, "reduce_scatter_tensor_coalesced": 1, "alltoall_": 1, "alltoall_base_": 1,
+    "all_to_all_single": 1, "broadcast_": 0, "broadcast": 0,
+}
 
 # The ScalarEngine's activation functions (element-wise, one pass per element).
 _SCALAR_OPS = frozenset("""
@@ -46,6 +57,10 @@ fill_ zero_ zeros ones full zeros_like ones_like full_like empty_like constant_p
 
 # Metadata only: launch nothing on the target.
 _FREE_OPS = frozenset("detach lift_fresh alias _local_scalar_dense _unsafe_view _reshape_alias set_ resize_".split())
+
+
+def bound_of(engine: str) -> str:
+    return {"hbm": "memory", "link": "collective"}.get(engine, "compute")
 
 
 def _flash_attention_flops(q, k, v, *args, **kwargs) -> int:
@@ -107,11 +122,10 @@ class OpCost:
 
     @property
     def bound(self) -> str:
-        """What limits it: "launch", "memory" (HBM) or "compute" (an engine)."""
+        """What limits it: "launch", "memory" (HBM), "collective" (NeuronLink) or "compute" (an engine)."""
         if self.launch_s >= self.busy_s:
             return "launch"
-        engine = max(self.engine_s, key=self.engine_s.get)
-        return "memory" if engine == "hbm" else "compute"
+        return bound_of(self.engine)
 
     @property
     def engine(self) -> str:
@@ -131,6 +145,29 @@ def _identity(t: torch.Tensor):
         return id(t)
 
 
+def _world_size(args) -> int:
+    import torch.distributed as dist
+
+    for a in args:
+        if hasattr(a, "size") and type(a).__name__ in ("ProcessGroup", "ScriptObject"):
+            try:
+                return int(a.size())
+            except Exception:  # noqa: BLE001  (a script object without size(): the default group's)
+                break
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def collective_cost(name: str, args, tensors, core: LogicalCore) -> OpCost:
+    """A ring collective over the chips' NeuronLink: each rank sends (n - 1) / n of the
+    whole (twice for an all-reduce; the whole once for a broadcast)."""
+    n = _world_size(args)
+    whole = max((sum(t.numel() * target_itemsize(t.dtype) for t in group) for group in tensors), default=0)
+    factor = _RING[name] * (n - 1) / n if _RING[name] else (1.0 if n > 1 else 0.0)
+    cost = OpCost(bytes=int(whole), launch_s=core.launch_s)
+    cost.engine_s["link"] = factor * whole / core.link_bytes_per_s
+    return cost
+
+
 def op_cost(func, args, kwargs, out, core: LogicalCore, *, launch: bool = True) -> OpCost | None:
     """The modelled cost of ``func(*args, **kwargs) -> out`` on ``core``; None for a view
     or metadata operator, which launches nothing on the target."""
@@ -138,6 +175,9 @@ def op_cost(func, args, kwargs, out, core: LogicalCore, *, launch: bool = True) 
         return None
     name = func._overloadpacket.__name__
     ins, outs = _tensors((args, kwargs)), _tensors(out)
+    if name in _RING and func.namespace in ("c10d", "_c10d_functional"):
+        # In-place collectives take their outputs as arguments: the whole is the largest argument.
+        return collective_cost(name, args, [_tensors(a) for a in args] + [outs], core)
     seen, nbytes = set(), 0
     for t in ins + outs:
         key = _identity(t)
