@@ -396,3 +396,11 @@ def test_collectives_are_charged_as_a_ring_over_neuronlink():
         gather = next(o for name, o in r["ops"].items() if "allgather" in name)
         assert gather["seconds"] == pytest.approx(0.5 * 2 * (1 << 10) * 4 / r["link"] + r["launch"])
         assert r["bound_s"]["collective"] > 0
+
+
+def test_a_gather_is_charged_by_the_rows_it_picks_not_its_whole_table():
+    core = figures.logical_core("trn2", 2)
+    table, ids = torch.randn(50_000, 256), torch.tensor([[3, 7]])
+    one_token = op_cost(torch.ops.aten.embedding.default, (table, ids), {}, table[ids], core)
+    assert one_token.elements == 2 * 256
+    assert one_token.bytes == 2 * (2 * 256 * 4) + 2 * 4  # the rows read and written, the int64 ids as int32

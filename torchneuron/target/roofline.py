@@ -49,6 +49,8 @@ embedding embedding_dense_backward sort topk argsort cumsum cumprod cummax cummi
 masked_scatter masked_scatter_ unique _unique2 unique_consecutive searchsorted bucketize kthvalue median
 mode multinomial randperm take put_ histc bincount
 """.split())
+# Gathers from a larger source: charged by what they pick (op_cost).
+_GATHER_OPS = frozenset("embedding index index_select gather take".split())
 # Pure data movement: HBM traffic only.
 _MOVE_OPS = frozenset("""
 copy_ _to_copy clone contiguous cat stack new_empty_strided empty_strided empty
@@ -178,13 +180,21 @@ def op_cost(func, args, kwargs, out, core: LogicalCore, *, launch: bool = True) 
     if name in _RING and func.namespace in ("c10d", "_c10d_functional"):
         # In-place collectives take their outputs as arguments: the whole is the largest argument.
         return collective_cost(name, args, [_tensors(a) for a in args] + [outs], core)
-    seen, nbytes = set(), 0
-    for t in ins + outs:
-        key = _identity(t)
-        if key not in seen:
-            seen.add(key)
-            nbytes += t.numel() * target_itemsize(t.dtype)
-    elements = max([t.numel() for t in ins + outs], default=0)
+    if name in _GATHER_OPS and outs:
+        # A gather reads the rows it picks, not its whole source: its work and traffic are
+        # its result's (read once, written once) and its indices'.
+        moved = outs + [t for t in ins if not t.is_floating_point() and t.dtype != torch.bool]
+        nbytes = sum(t.numel() * target_itemsize(t.dtype) for t in moved) + sum(
+            t.numel() * target_itemsize(t.dtype) for t in outs)
+        elements = max(t.numel() for t in outs)
+    else:
+        seen, nbytes = set(), 0
+        for t in ins + outs:
+            key = _identity(t)
+            if key not in seen:
+                seen.add(key)
+                nbytes += t.numel() * target_itemsize(t.dtype)
+        elements = max([t.numel() for t in ins + outs], default=0)
     cost = OpCost(bytes=nbytes, elements=elements)
     cost.engine_s["hbm"] = nbytes / core.hbm_bytes_per_s
     flops = _matmul_flops(func, args, kwargs, out)
