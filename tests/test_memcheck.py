@@ -369,15 +369,17 @@ def test_reuse_ordered_through_a_third_stream(orders, use, wait):
     assert ordered == [], ordered
     assert [k for k, _ in unordered] == ["missing record_stream"], unordered
     named = "task aten::mm" if use == "queued" else "the first call of aten::"
-    assert f"{named}" in unordered[0][1] and f" on neuron:0 stream {extra_unordered['s1']} " in unordered[0][1], unordered[0][1]
+    msg = unordered[0][1]
+    assert named in msg and f" on neuron:0 stream {extra_unordered['s1']} " in msg, msg
 
 
 def _fsdp2_under_the_checker(rank, world, port, directory):
     """FSDP2 training (an MLP, the demo's GPT) and a torch.distributed.checkpoint
-    round trip (test_distributed_parallel's) on a rank under the checker. FSDP2 orders
-    the reuse of its all-gather copy-in's memory only through a third stream
-    (copy-in stream, all-gather stream, default stream); the copy-in's first
-    call counts as its stream's work."""
+    round trip on a rank under the checker, as test_distributed_parallel's
+    worker begins (its meshes first: in the allocator state they leave, the
+    GPT's steps reuse the all-gather copy-in's memory). FSDP2 orders that
+    reuse only through a third stream (copy-in stream, all-gather stream,
+    default stream), and the copy-in's first call counts as its stream's work."""
     import torch.distributed as dist
     import torchneuron.memcheck as mc
     from test_distributed_parallel import _checkpoint, _mesh_facts, _train_gpt, _train_mlp
