@@ -642,8 +642,12 @@ void viewed(const void* data) {
 
 void FirstCall::begin(c10::DeviceIndex device, const std::string& op) {
   CurrentFirstCall& c = t_first_call;
-  if (c.depth++ > 0) return;
-  const rt::Stream& stream = current_runtime_stream(device);
+  if (c.depth > 0) {
+    ++c.depth;
+    return;
+  }
+  const rt::Stream& stream = current_runtime_stream(device);  // before the scope counts: it may throw
+  c.depth = 1;
   c.device = device;
   c.stream = stream.id();
   c.tail = stream.last_enqueued();  // the call runs once the stream finished it
