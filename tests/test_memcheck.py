@@ -14,6 +14,7 @@ import tempfile
 import textwrap
 
 import pytest
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -276,6 +277,136 @@ def test_unordered_reuse_is_a_missing_record_stream():
     assert kinds == ["missing record_stream"], msgs
     assert "task aten::mm on neuron:0 stream 0" in msgs[0] and "handed out again on neuron:0 stream 1" in msgs[0]
     assert "del x" in msgs[0] and "z = torch.full" in msgs[0], msgs[0]
+
+
+# A first call of a call signature runs on the host, after its stream went
+# idle; the signature's later calls queue. Its use of another stream's memory
+# counts as that stream's work, so a missing record_stream shows at the first
+# iteration. s1 is kept busy so that once warm the use also runs after the
+# free (which the checker sees as it would without first calls counted).
+FIRST_ITERATION = """
+    s1 = torch.neuron.Stream()
+    a = torch.randn(768, 768, device="neuron")
+    for i in range(3):
+        x = torch.ones(1 << 16, device="neuron")
+        s1.wait_stream(torch.neuron.current_stream())
+        with torch.neuron.stream(s1):
+            for _ in range(4):
+                a = a @ a / 768
+            y = torch.erfc(x)                              # the signature's first call at i == 0
+        del x                                              # no record_stream(s1)
+        z = torch.full((1 << 16,), 5.0, device="neuron")  # x's memory again, on the default stream
+        torch.neuron.synchronize(); sum(range(10))
+        if "first" not in extra and len(mc.reports()) > before:
+            extra["first"] = i
+"""
+
+# x (the default stream's) is used on s1, freed without record_stream and its
+# memory reused on the default stream; the only order between the use and the
+# reuse goes through a third stream s2 (s2 waits for s1, then the default
+# stream, or the host, waits for s2). USE: a task queued on s1 behind busy
+# work (it runs after the free), or a signature's first call. WAIT: the last
+# link of the chain, left out in the case without the order.
+THROUGH_S2 = """
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    a = torch.randn(768, 768, device="neuron")
+    x = torch.ones(1 << 16, device="neuron")
+    ptr = x.data_ptr()
+    s1.wait_stream(torch.neuron.current_stream())
+    with torch.neuron.stream(s1):
+        USE
+    del x
+    s2.wait_stream(s1)
+    WAIT
+    z = torch.full((1 << 16,), 5.0, device="neuron")
+    extra["same"], extra["s1"] = z.data_ptr() == ptr, s1.stream_id
+    keep.append((y, z))
+"""
+USES = {"queued": "for _ in range(6): a = a @ a / 768\n        y = x.view(256, 256) @ x.view(256, 256)",
+        "first call": "y = torch.OP(x)"}
+WAITS = {"device": "torch.neuron.current_stream().wait_stream(s2)",
+         "host": "e = s2.record_event(); e.synchronize()"}
+FIRST_CALL_OPS = iter(["expm1", "log1p", "sinh", "cosh"])  # a fresh signature per case
+THROUGH_CASES = {}
+for use in USES:
+    for wait in WAITS:
+        for ordered in (True, False):
+            code = THROUGH_S2.replace("USE", USES[use]).replace("WAIT", WAITS[wait] if ordered else "")
+            THROUGH_CASES[f"{use} {wait} {ordered}"] = code.replace("OP", next(FIRST_CALL_OPS) if use == "first call" else "")
+
+
+@pytest.fixture(scope="module")
+def orders() -> dict:
+    """FIRST_ITERATION and every THROUGH_CASES case, in one child: {case: (reports, extra)}.
+    A synchronisation between cases orders what one left behind before the next."""
+    cases = {"first iteration": FIRST_ITERATION} | THROUGH_CASES
+    body = ["cases = {}; keep = []"]
+    for name, code in cases.items():
+        body += ["extra = {}; before = len(mc.reports())", textwrap.dedent(code),
+                 "torch.neuron.synchronize(); sum(range(10))",
+                 f"cases[{name!r}] = ([[r.kind, str(r)] for r in mc.reports()[before:]], extra)"]
+    body.append("done(cases=cases)")
+    return run_child("\n".join(body))["cases"]
+
+
+def test_missing_record_stream_is_caught_at_the_first_iteration(orders):
+    reports, extra = orders["first iteration"]
+    assert extra.get("first") == 0, reports
+    msg = reports[0][1]
+    assert reports[0][0] == "missing record_stream"
+    assert "the first call of aten::erfc on neuron:0 stream 1" in msg and "later calls queue" in msg, msg
+    assert "del x" in msg and "z = torch.full" in msg, msg
+
+
+@pytest.mark.parametrize("wait", WAITS)
+@pytest.mark.parametrize("use", USES)
+def test_reuse_ordered_through_a_third_stream(orders, use, wait):
+    """The same program with and without the chain's last wait: with it, the
+    reuse follows s1's use through s2 (clean); without, a missing record_stream."""
+    ordered, extra = orders[f"{use} {wait} True"]
+    unordered, extra_unordered = orders[f"{use} {wait} False"]
+    assert extra["same"] and extra_unordered["same"]  # the reuse happened in both
+    assert ordered == [], ordered
+    assert [k for k, _ in unordered] == ["missing record_stream"], unordered
+    named = "task aten::mm" if use == "queued" else "the first call of aten::"
+    msg = unordered[0][1]
+    assert named in msg and f" on neuron:0 stream {extra_unordered['s1']} " in msg, msg
+
+
+def _fsdp2_under_the_checker(rank, world, port, directory):
+    """FSDP2 training (an MLP, the demo's GPT) and a torch.distributed.checkpoint
+    round trip on a rank under the checker, as test_distributed_parallel's
+    worker begins (its meshes first: in the allocator state they leave, the
+    GPT's steps reuse the all-gather copy-in's memory). FSDP2 orders that
+    reuse only through a third stream (copy-in stream, all-gather stream,
+    default stream), and the copy-in's first call counts as its stream's work."""
+    import torch.distributed as dist
+    import torchneuron.memcheck as mc
+    from test_distributed_parallel import _checkpoint, _mesh_facts, _train_gpt, _train_mlp
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.neuron.set_device(rank)
+    dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=world)
+    try:
+        _mesh_facts(world)
+        losses, _ = _train_mlp("neuron", "fsdp", rank, world)
+        losses += _train_gpt("neuron", "fsdp", rank, world)[0]
+        _checkpoint(rank, world, directory)
+        torch.neuron.synchronize()
+        return {"reports": [str(r) for r in mc.reports()], "losses": losses}
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_and_distributed_checkpoint_are_clean(monkeypatch, tmp_path):
+    from distributed_testing import spawn_ranks
+
+    monkeypatch.delenv("TORCHNEURON_STREAM_SANITIZER", raising=False)
+    monkeypatch.setenv("TORCHNEURON_MEMCHECK", "warn")  # read by each rank's torchneuron at load
+    ranks = spawn_ranks(_fsdp2_under_the_checker, 2, str(tmp_path))
+    for r in ranks.values():
+        assert r["reports"] == [], r["reports"]
+        assert len(r["losses"]) > 1
 
 
 # Test files whose programs run clean under the checker, run again under it

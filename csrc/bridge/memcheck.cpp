@@ -24,13 +24,25 @@ constexpr unsigned char kPoison = 0xFB;
 constexpr size_t kCheckSpan = 32 << 10;
 constexpr size_t kCanaryMax = 4096;  // of the slack after the requested bytes
 
-// A task on another stream than a block's that used the block while it was
-// (or before it was) freed without record_stream for that stream: the
-// memory's next owner on the block's stream must be ordered after it.
+constexpr int kStreams = rt::Device::kStreams;
+
+// A point in one stream's order. Task `seq` is at 2 * seq; work the host did
+// on the stream's behalf while the stream was idle after task `seq` (a
+// synchronous first call, FirstCall) is at 2 * seq + 1: after that task,
+// before the next one. 0: none.
+using Position = uint64_t;
+constexpr Position at_task(uint64_t seq) { return 2 * seq; }
+constexpr Position after_task(uint64_t seq) { return 2 * seq + 1; }
+
+// A task on another stream than a block's that used the block (queued before
+// it was freed, or a first call while it lived) without record_stream for
+// that stream: the memory's next owner on the block's stream must be
+// ordered after it.
 struct OtherUse {
   int stream;
-  uint64_t seq;
+  Position at;
   std::string op;
+  bool first_call = false;  // a synchronous first call, not a task (FirstCall)
 };
 
 struct Live {
@@ -43,8 +55,10 @@ struct Live {
   std::string tensor;  // what it was allocated for, when a tensor factory said
   HistoryContext alloc;
   std::vector<OtherUse> other_uses;  // of the memory's previous owners, queued before they were freed
-  uint64_t first_use = 0;            // the first task on its stream that used it (0: none yet)
-  int64_t first_use_enqueued_ns = 0;
+  // This owner's uses by first calls on other streams: they ran before any
+  // free, and their signatures' later calls queue (FirstCall).
+  std::vector<OtherUse> first_calls_elsewhere;
+  Position first_use = 0;  // the new owner's first use on its stream (0: none yet)
   // The freed blocks this one's memory came from: (address, size, free stack).
   std::vector<std::tuple<uintptr_t, size_t, HistoryContext>> previous;
 };
@@ -64,38 +78,86 @@ std::map<uintptr_t, Freed> freed;
 uint64_t next_id = 0;
 std::set<std::pair<uintptr_t, int>> reported_cross;  // (block id, stream) already reported
 
-// The orders between streams the checker saw finished waits make
-// (runtime::memcheck::wait_hook), per device, under table_mu. A device wait:
-// tasks of the waiting stream after task `at` follow task `seq` of the
-// producer. A host wait: what the host queues after `at` (now_ns) follows it.
-struct Order {
-  uint64_t at;   // waiter's task (device wait) or host time (host wait), ascending
-  uint64_t seq;  // the producer's task, the most any wait up to `at` reached
+// The orders between a device's streams, as vector clocks, under table_mu.
+// A stream's clock at a position holds, for every stream of the device, the
+// latest position of that stream ordered before it, directly or through any
+// chain of finished waits (runtime::memcheck::wait_hook):
+//   * an event wait an executor ran in task u of stream W for task q of P:
+//     W's positions after u get P's clock at q, and P's q itself;
+//   * a host wait for task q of P: the host's clock gets P's clock at q (and
+//     q, or the host work after q if the stream did some since), and every
+//     stream's positions after its newest queued task get the host's clock
+//     (what the host queues from now on follows all it waited for).
+// A clock is final for a position once that position's task could run:
+// the waits before it on its own stream ran, and host orders are added
+// ahead of the tasks they cover.
+using Clock = std::array<Position, kStreams>;
+struct ClockFrom {
+  Position from;  // the clock holds from this position to the next entry's
+  Clock clock;
 };
-std::map<std::tuple<int, int, int>, std::vector<Order>> device_waits;  // (device, waiter, producer)
-std::map<std::pair<int, int>, std::vector<Order>> host_waits;          // (device, producer)
+struct StreamOrder {
+  std::vector<ClockFrom> history;  // ascending `from`, each clock covering the ones before
+  Position host_work = 0;          // the newest host work on the stream (FirstCall)
+};
+// Entries kept per stream: older ones are dropped, the oldest kept standing
+// for them, so a question about a long past position may take a later clock
+// (a missed report, never a false one).
+constexpr size_t kHistoryKept = 4096;
+std::map<std::pair<int, int>, StreamOrder> stream_orders;  // (device, stream)
+std::map<int, Clock> host_clocks;                          // device -> what its host waited for
 
-void add_order(std::vector<Order>& orders, uint64_t at, uint64_t seq) {
-  if (!orders.empty() && orders.back().seq >= seq) return;  // implied by one before
-  orders.push_back({at, seq});
+// The clock in force at `at` on a stream; null when nothing orders it.
+const Clock* clock_at(int device, int stream, Position at) {
+  auto s = stream_orders.find({device, stream});
+  if (s == stream_orders.end()) return nullptr;
+  const auto& h = s->second.history;
+  auto it = std::upper_bound(h.begin(), h.end(), at, [](Position a, const ClockFrom& c) { return a < c.from; });
+  return it == h.begin() ? nullptr : &std::prev(it)->clock;
 }
 
-// The producer's task the latest order before `at` reached (0: none).
-uint64_t reached(const std::vector<Order>* orders, uint64_t at) {
-  if (!orders) return 0;
-  auto it = std::lower_bound(orders->begin(), orders->end(), at, [](const Order& o, uint64_t a) { return o.at < a; });
-  return it == orders->begin() ? 0 : std::prev(it)->seq;
+// Everything ordered before position `at` of `stream`, and `at` itself.
+Clock known_at(int device, int stream, Position at) {
+  const Clock* c = clock_at(device, stream, at);
+  Clock known = c ? *c : Clock{};
+  known[stream] = std::max(known[stream], at);
+  return known;
 }
 
-// Whether task `use` of stream `waiter` (queued at `use_enqueued_ns`) follows
-// task `seq` of stream `producer`: through a wait of the waiter for the
-// producer, or a host wait for the producer before the task was queued.
-// (Orders through a third stream are not followed.)
-bool follows(int device, int waiter, uint64_t use, int64_t use_enqueued_ns, int producer, uint64_t seq) {
-  auto d = device_waits.find({device, waiter, producer});
-  auto h = host_waits.find({device, producer});
-  return reached(d == device_waits.end() ? nullptr : &d->second, use) >= seq ||
-         reached(h == host_waits.end() ? nullptr : &h->second, static_cast<uint64_t>(use_enqueued_ns)) >= seq;
+bool covers(const Clock& a, const Clock& b) {
+  for (int s = 0; s < kStreams; ++s)
+    if (a[s] < b[s]) return false;
+  return true;
+}
+
+void merge_into(Clock& into, const Clock& from) {
+  for (int s = 0; s < kStreams; ++s) into[s] = std::max(into[s], from[s]);
+}
+
+// Positions of `stream` from `from` on are ordered after everything `known` holds.
+void order_after(int device, int stream, Position from, Clock known) {
+  known[stream] = 0;  // a stream's own order is its positions
+  auto& h = stream_orders[{device, stream}].history;
+  auto it = std::upper_bound(h.begin(), h.end(), from, [](Position a, const ClockFrom& c) { return a < c.from; });
+  if (it == h.begin() || std::prev(it)->from != from) {
+    const Clock base = it == h.begin() ? Clock{} : std::prev(it)->clock;
+    if (covers(base, known)) return;  // implied, here and after (later clocks cover earlier ones)
+    it = h.insert(it, {from, base});
+  } else {
+    --it;
+  }
+  for (; it != h.end(); ++it) merge_into(it->clock, known);
+  if (h.size() > kHistoryKept) {
+    const size_t dropped = h.size() - kHistoryKept / 2;
+    h[dropped].from = h.front().from;
+    h.erase(h.begin(), h.begin() + dropped);
+  }
+}
+
+// Whether position `at` of `stream` is ordered after position `other_at` of `other`.
+bool follows(int device, int stream, Position at, int other, Position other_at) {
+  const Clock* c = clock_at(device, stream, at);
+  return c && (*c)[other] >= other_at;
 }
 
 struct Request {
@@ -115,7 +177,6 @@ struct Queue {
   std::mutex mu;
   std::vector<Request> requests;
 };
-constexpr int kStreams = rt::Device::kStreams;
 std::array<Queue, rt::kMaxDevices * kStreams> queues;
 std::array<std::atomic<int>, rt::kMaxDevices> pending_requests{};  // per device
 Queue& queue(int device, int stream) { return queues.at(device * kStreams + stream); }
@@ -299,25 +360,47 @@ struct CurrentTask {
 };
 thread_local CurrentTask t_current;
 
+// The synchronous first call a host thread runs (FirstCall), and the device
+// memory it viewed.
+struct CurrentFirstCall {
+  int depth = 0;  // nested scopes: the outermost one counts
+  int device = 0, stream = 0;
+  uint64_t tail = 0;  // the stream's newest task when the call began
+  const std::string* op = nullptr;
+  std::vector<uintptr_t> views;
+};
+thread_local CurrentFirstCall t_first_call;
+
 bool recorded_on(const std::vector<int>& streams, int s) {
   return std::find(streams.begin(), streams.end(), s) != streams.end();
 }
 
-// A block handed out again on its stream while task `u` of another stream
-// used its memory: the new owner's first task must follow `u`, or the two
+// A block handed out again on its stream while another stream's use `u`
+// touched its memory: the new owner's first use must follow `u`, or the two
 // may run at once on the same memory (call with table_mu held).
 void check_reuse(int device, uintptr_t p, const Live& b, const OtherUse& u) {
-  if (follows(device, b.stream, b.first_use, b.first_use_enqueued_ns, u.stream, u.seq)) return;
+  if (follows(device, b.stream, b.first_use, u.stream, u.at)) return;
   if (!reported_cross.insert({b.id, u.stream}).second) return;
   Report rep{"missing record_stream", "", {}, false};
-  rep.message = "task " + u.op + " on " + where(device, u.stream) + " used device memory that was freed and handed " +
+  const std::string use = u.first_call ? "the first call of " + u.op + " on " + where(device, u.stream) +
+                                             " (its call signature's first call ran on the host; later calls queue)"
+                                       : "task " + u.op + " on " + where(device, u.stream);
+  rep.message = use + " used device memory that was freed and handed " +
                 "out again on " + where(device, b.stream) + ", and nothing orders the new owner's work after that " +
-                "task: it is now " + describe(p, b) + ". A tensor used on a stream other than the one it was " +
-                "allocated on needs tensor.record_stream(stream) before it is freed, or the allocating stream must " +
-                "wait for that stream (wait_stream, wait_event, a synchronisation) before its memory is reused";
+                (u.first_call ? "call" : "task") + ": it is now " + describe(p, b) + ". A tensor used on a stream " +
+                "other than the one it was allocated on needs tensor.record_stream(stream) before it is freed, or " +
+                "the allocating stream must wait for that stream (wait_stream, wait_event, a synchronisation) " +
+                "before its memory is reused";
   for (const auto& [q, n, free] : b.previous) rep.stacks.push_back({"The memory's previous block was freed at", free});
   rep.stacks.push_back({"and handed out again at", b.alloc});
   report(std::move(rep));
+}
+
+// The new owner's first use of block `b` on its own stream, at `at`: checked
+// against every other stream's use of the memory's previous owners.
+void first_use(int device, uintptr_t p, Live& b, Position at) {
+  b.first_use = at;
+  for (const OtherUse& u : b.other_uses) check_reuse(device, p, b, u);
 }
 
 void after_task(const CurrentTask& cur) {
@@ -344,20 +427,17 @@ void after_task(const CurrentTask& cur) {
         }
       }
       if (b.stream == cur.stream) {
-        if (b.first_use == 0 && cur.task->enqueued_ns > b.alloc_ns) {  // the new owner's first task
-          b.first_use = cur.task->seq;
-          b.first_use_enqueued_ns = cur.task->enqueued_ns;
-          for (const OtherUse& u : b.other_uses) check_reuse(cur.device, it->first, b, u);
-        }
+        if (b.first_use == 0 && cur.task->enqueued_ns > b.alloc_ns)  // the new owner's first task
+          first_use(cur.device, it->first, b, at_task(cur.task->seq));
       } else if (!recorded_on(b.recorded, cur.stream) && b.alloc_ns > cur.task->enqueued_ns) {
         // Queued before the memory was handed out again: it used a previous owner.
-        b.other_uses.push_back({cur.stream, cur.task->seq, op});
+        b.other_uses.push_back({cur.stream, at_task(cur.task->seq), op});
         if (b.first_use != 0) check_reuse(cur.device, it->first, b, b.other_uses.back());
       }
     } else if (auto f = containing(freed, v); f != freed.end()) {
       Freed& b = f->second;
       if (b.stream != cur.stream && !recorded_on(b.recorded, cur.stream) && b.free_ns > cur.task->enqueued_ns)
-        b.other_uses.push_back({cur.stream, cur.task->seq, op});
+        b.other_uses.push_back({cur.stream, at_task(cur.task->seq), op});
     }
   }
 }
@@ -386,10 +466,19 @@ void task_hook(int device, int stream, const rt::Task& task, bool finished) {
 void wait_hook(int device, int stream, uint64_t seq) {
   try {
     std::lock_guard<std::mutex> lock(table_mu);
-    if (t_current.task)  // an executor's event wait: its stream's later tasks follow
-      add_order(device_waits[{device, t_current.stream, stream}], t_current.task->seq, seq);
-    else
-      add_order(host_waits[{device, stream}], static_cast<uint64_t>(rt::now_ns()), seq);
+    if (t_current.task) {  // an executor's event wait: its stream's later positions follow
+      if (t_current.device == device)  // orders through another device are not followed
+        order_after(device, t_current.stream, after_task(t_current.task->seq), known_at(device, stream, at_task(seq)));
+      return;
+    }
+    // A host wait. The stream's host work after `seq`, if it did some since
+    // (a first call), is done too: it ran before this wait began.
+    const Position host_work = stream_orders[{device, stream}].host_work;
+    Clock& host = host_clocks[device];
+    merge_into(host, known_at(device, stream, host_work == after_task(seq) ? host_work : at_task(seq)));
+    rt::Device& d = rt::device(device);
+    for (int s = 0; s < kStreams; ++s)
+      if (const rt::Stream* w = d.made_stream(s)) order_after(device, s, after_task(w->last_enqueued()), host);
   } catch (...) {
   }
 }
@@ -508,6 +597,8 @@ void block_freed(char* p, HistoryContext context) {
   auto it = live.find(reinterpret_cast<uintptr_t>(p));
   if (it == live.end()) return;
   Live& b = it->second;
+  for (OtherUse& u : b.first_calls_elsewhere)  // record_stream since makes the allocator wait for that stream
+    if (!recorded_on(b.recorded, u.stream)) b.other_uses.push_back(std::move(u));
   freed[it->first] = Freed{b.device,           b.stream,           b.size,
                            b.requested,        rt::now_ns(),       std::move(b.recorded),
                            std::move(b.tensor), std::move(b.alloc), std::move(context),
@@ -542,7 +633,62 @@ void name_block(const at::Tensor& fresh) {
 }
 
 void viewed(const void* data) {
-  if (t_current.task && data) t_current.views.push_back(reinterpret_cast<uintptr_t>(data));
+  if (!data) return;
+  if (t_current.task)
+    t_current.views.push_back(reinterpret_cast<uintptr_t>(data));
+  else if (t_first_call.depth > 0)
+    t_first_call.views.push_back(reinterpret_cast<uintptr_t>(data));
+}
+
+void FirstCall::begin(c10::DeviceIndex device, const std::string& op) {
+  CurrentFirstCall& c = t_first_call;
+  if (c.depth > 0) {
+    ++c.depth;
+    return;
+  }
+  const rt::Stream& stream = current_runtime_stream(device);  // before the scope counts: it may throw
+  c.depth = 1;
+  c.device = device;
+  c.stream = stream.id();
+  c.tail = stream.last_enqueued();  // the call runs once the stream finished it
+  c.op = &op;
+  c.views.clear();
+}
+
+void FirstCall::end(bool queues) {
+  CurrentFirstCall& c = t_first_call;
+  if (--c.depth > 0) return;
+  if (!queues || c.views.empty()) {
+    c.views.clear();
+    return;
+  }
+  try {
+    std::sort(c.views.begin(), c.views.end());
+    c.views.erase(std::unique(c.views.begin(), c.views.end()), c.views.end());
+    const Position at = after_task(c.tail);
+    std::lock_guard<std::mutex> lock(table_mu);
+    Position& host_work = stream_orders[{c.device, c.stream}].host_work;
+    host_work = std::max(host_work, at);
+    for (uintptr_t v : c.views) {
+      auto it = containing(live, v);
+      if (it == live.end()) continue;
+      Live& b = it->second;
+      if (b.stream == c.stream) {
+        if (b.first_use == 0) first_use(c.device, it->first, b, at);
+        continue;
+      }
+      if (recorded_on(b.recorded, c.stream)) continue;
+      auto& uses = b.first_calls_elsewhere;
+      auto same = std::find_if(uses.begin(), uses.end(), [&](const OtherUse& u) { return u.stream == c.stream; });
+      if (same == uses.end())
+        uses.push_back({c.stream, at, *c.op, true});
+      else if (same->at < at)
+        *same = {c.stream, at, *c.op, true};
+    }
+  } catch (...) {
+    // A checker's failure (out of host memory) must not fail the call.
+  }
+  c.views.clear();
 }
 
 void set_gather(GatherContextFn g) { gather_fn.store(g); }

@@ -8,9 +8,10 @@
 //   * keeps a canary redzone after each block's requested bytes and checks
 //     it after every task that viewed the block (an out-of-bounds write by a
 //     kernel, named by the task);
-//   * sees which tasks of other streams use a block, and reports one that
-//     runs after the block was freed or handed out again (a missing
-//     record_stream);
+//   * sees which tasks (and first calls, FirstCall) of other streams use a
+//     block, and reports one that nothing orders before the memory's next
+//     owner's first use (a missing record_stream), following orders between
+//     streams through any chain of waits;
 //   * describes host faults (runtime/memcheck.h) by the block they hit.
 // Reports are queued for Python (torchneuron/memcheck.py), which raises them.
 #pragma once
@@ -62,8 +63,36 @@ inline const at::Tensor& named(const at::Tensor& fresh) {
   return fresh;
 }
 
-// Executor: a task views device memory starting at `data`.
+// Executor: a task views device memory starting at `data`; also a
+// FirstCall's host thread.
 void viewed(const void* data);
+
+// The scope of a call signature's first call (exec/executor.cpp), which runs
+// synchronously on the host once its stream is idle. When the signature's
+// later calls queue (queues_later()), the call's uses of device memory count
+// as its stream's work after the stream's newest task: so a missing
+// record_stream is found at the first call too, not only once the signature
+// is warm and its task happens to run after the free. A call that raised, or
+// whose signature stays synchronous, counts for nothing: every such call is
+// over before the program can free what it used. Nests; the outermost scope
+// counts.
+class FirstCall {
+ public:
+  FirstCall(c10::DeviceIndex device, const std::string& op) {
+    if (on()) begin(device, op);
+  }
+  ~FirstCall() {
+    if (on()) end(queues_);
+  }
+  FirstCall(const FirstCall&) = delete;
+  FirstCall& operator=(const FirstCall&) = delete;
+  void queues_later() { queues_ = true; }
+
+ private:
+  static void begin(c10::DeviceIndex device, const std::string& op);
+  static void end(bool queues);
+  bool queues_ = false;
+};
 
 // The calling thread's OpenMP workers get access for their life: they run
 // the parallel regions of the kernels its DeviceAccess scopes run.

@@ -207,21 +207,25 @@ std::vector<at::Tensor> written_arguments(const OpPolicy& policy, c10::ArrayRef<
   return written;
 }
 
-// Judges a first call that ran synchronously (call_verdicts.h).
-void record_verdict(const c10::OperatorHandle& op, const OpPolicy& policy, const torch::jit::Stack& stack,
+// Judges a first call that ran synchronously (call_verdicts.h); whether the
+// signature's later calls queue.
+bool record_verdict(const c10::OperatorHandle& op, const OpPolicy& policy, const torch::jit::Stack& stack,
                     const MetaResult& predicted, const std::vector<at::Tensor>& written, uint64_t call) {
   auto verdict = std::make_unique<const CallVerdict>(
       judge_first_call(policy, predicted, torch::jit::last(stack, op.schema().returns().size()), written));
+  const bool queues = verdict->kind != CallVerdict::Kind::Synchronous;
   std::lock_guard<std::mutex> lock(policy.learned.mu);
   policy.learned.verdicts.emplace(call, std::move(verdict));
+  return queues;
 }
 
 // The first call of a call signature: synchronous, and judged.
 void run_first_call(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
                     c10::DeviceIndex device, const MetaResult& predicted, uint64_t call) {
   const auto written = written_arguments(policy, torch::jit::last(*stack, op.schema().arguments().size()));
+  memcheck::FirstCall first(device, op.schema().name());  // (memcheck.h)
   run_synchronously(op, policy, stack, device);
-  record_verdict(op, policy, *stack, predicted, written, call);
+  if (record_verdict(op, policy, *stack, predicted, written, call)) first.queues_later();
 }
 
 // A later call in the layouts its signature's first call taught; the laid
@@ -253,6 +257,7 @@ void run_verifying(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
   MetaSignature full;  // before the call: it may change its arguments' metadata
   const bool keyed = meta_signature(op, args, policy.generators, policy.float_values_free, full);
   const auto written = written_arguments(policy, args);
+  memcheck::FirstCall first(device, op.schema().name());  // (memcheck.h)
   run_synchronously(op, policy, stack, device);
   const auto& meta = predicted.returns;
   const bool ok = results_match_meta(policy, torch::jit::last(*stack, r), torch::jit::last(meta, r));
@@ -268,10 +273,10 @@ void run_verifying(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
       }));
     // The call signature's verdict, for calls whose prediction is what the
     // CPU kernel did (those that disagree keep running verified).
-    record_verdict(op, policy, *stack, seen, written, call);
+    if (record_verdict(op, policy, *stack, seen, written, call)) first.queues_later();
     meta_cache_insert(std::move(full), std::make_shared<const MetaResult>(std::move(seen)));
   } else if (ok) {
-    record_verdict(op, policy, *stack, predicted, written, call);
+    if (record_verdict(op, policy, *stack, predicted, written, call)) first.queues_later();
   }
 }
 
