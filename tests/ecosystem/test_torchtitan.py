@@ -154,24 +154,18 @@ def seed(assets, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fsdp_runs(assets, seed, tmp_path_factory):
-    """FSDP2 on two ranks: TorchTitan unchanged on `neuron` (a checkpoint every 2 steps) and the
-    CPU reference, run at the same time (much of a run is start-up on one core)."""
-    on_neuron, on_cpu = tmp_path_factory.mktemp("fsdp_neuron"), tmp_path_factory.mktemp("fsdp_cpu")
-    runs = [start(assets, on_neuron, *DTENSOR, "--checkpoint.interval", "2", nproc=2, seed=seed),
-            start(assets, on_cpu, *DTENSOR, nproc=2, device="cpu", seed=seed)]
-    for run in runs:
-        finish(run)
-    return {"neuron": (on_neuron, losses(on_neuron)), "cpu": losses(on_cpu)}
-
-
-@pytest.fixture(scope="module")
-def fsdp_on_cpu(fsdp_runs):
-    return fsdp_runs["cpu"]
-
-
-@pytest.fixture(scope="module")
-def fsdp_on_neuron(fsdp_runs):
-    return fsdp_runs["neuron"]
+    """FSDP2 on two ranks: TorchTitan unchanged on `neuron`, a checkpoint every 2 steps; the CPU
+    reference; and, once the `neuron` run has ended, its step-2 checkpoint resumed in a fresh pair
+    of processes. They overlap: much of a run is start-up on one core."""
+    on_neuron, on_cpu, resumed = (tmp_path_factory.mktemp(name) for name in ("fsdp_neuron", "fsdp_cpu", "resumed"))
+    neuron = start(assets, on_neuron, *DTENSOR, "--checkpoint.interval", "2", nproc=2, seed=seed)
+    cpu = start(assets, on_cpu, *DTENSOR, nproc=2, device="cpu", seed=seed)
+    finish(neuron)
+    shutil.copytree(on_neuron / "checkpoint" / "step-2", resumed / "checkpoint" / "step-2")
+    resume = start(assets, resumed, *DTENSOR, "--checkpoint.interval", "2", nproc=2, seed=seed)
+    finish(cpu)
+    finish(resume)
+    return {"neuron": losses(on_neuron), "cpu": losses(on_cpu), "resumed": losses(resumed)}
 
 
 def assert_close_losses(got, want, rtol):
@@ -181,24 +175,21 @@ def assert_close_losses(got, want, rtol):
     assert got[STEPS] < got[1] - 0.5  # it trained
 
 
-def test_fsdp2_two_ranks_match_the_cpu(fsdp_on_neuron, fsdp_on_cpu):
-    _, on_neuron = fsdp_on_neuron
-    assert_close_losses(on_neuron, fsdp_on_cpu, COMPILED_FLEX_RTOL)
+def test_fsdp2_two_ranks_match_the_cpu(fsdp_runs):
+    assert_close_losses(fsdp_runs["neuron"], fsdp_runs["cpu"], COMPILED_FLEX_RTOL)
 
 
-def test_resume_from_a_checkpoint_reproduces_the_uninterrupted_run(assets, seed, fsdp_on_neuron, tmp_path):
+def test_resume_from_a_checkpoint_reproduces_the_uninterrupted_run(fsdp_runs):
     """The uninterrupted run's step-2 checkpoint (model, optimizer, LR scheduler, dataloader, step)
     resumed in a fresh pair of processes: steps 3 and 4 lose exactly what they lost before."""
-    dump, uninterrupted = fsdp_on_neuron
-    shutil.copytree(dump / "checkpoint" / "step-2", tmp_path / "checkpoint" / "step-2")
-    resumed = train(assets, tmp_path, *DTENSOR, "--checkpoint.interval", "2", nproc=2, seed=seed)
+    resumed, uninterrupted = fsdp_runs["resumed"], fsdp_runs["neuron"]
     assert sorted(resumed) == [3, 4], resumed
     assert resumed == {step: uninterrupted[step] for step in (3, 4)}
 
 
 @full_only
-def test_fsdp2_two_ranks_bit_for_bit_with_eager_flex_attention(assets, seed, fsdp_on_cpu, tmp_path):
-    assert train(assets, tmp_path, *DTENSOR, nproc=2, eager_flex=True, seed=seed) == fsdp_on_cpu
+def test_fsdp2_two_ranks_bit_for_bit_with_eager_flex_attention(assets, seed, fsdp_runs, tmp_path):
+    assert train(assets, tmp_path, *DTENSOR, nproc=2, eager_flex=True, seed=seed) == fsdp_runs["cpu"]
 
 
 @full_only

@@ -13,7 +13,11 @@ loaded) the same trainer runs on the CPU over gloo, as the tests' reference. Tor
 mode: with no accelerator it picks "cuda". The reference therefore points TorchTitan's device
 choice at the CPU and runs FlexAttention eagerly with PyTorch's refusal of its CPU backward lifted
 (a check of the device type alone; the eager math is device-agnostic and is what `neuron` runs
-eagerly). None of this is needed, or done, on `neuron`.
+eagerly), and has FSDP2 reduce with SUM where gloo refuses PREMUL_SUM. None of this is needed, or
+done, on `neuron`.
+
+With TORCHTITAN_EAGER_FLEX=1 (a test setting) FlexAttention runs uncompiled on `neuron` too, so
+that the rest of TorchTitan's step can be compared with the CPU reference bit for bit.
 """
 import os
 import runpy
