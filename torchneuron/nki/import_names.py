@@ -17,6 +17,19 @@ import types
 
 _ROOTS = ("neuronxcc.nki", "nki")
 _SUBMODULES = ("language", "isa", "typing", "compiler")
+# module names below the package that name another of its modules (nki.isa.constants holds the enumerations)
+_NESTED = {"isa.constants": "isa_constants", "language.dtypes": "dtypes"}
+
+
+def _enter_nested(root, sub):
+    """Enter the modules nested below ``root.sub`` (``nki.isa.constants``) in ``sys.modules``: their
+    parents are plain modules, which the import system cannot search for submodules."""
+    for key, target in _NESTED.items():
+        if key.startswith(sub + "."):
+            module = importlib.import_module("torchneuron.nki." + target)
+            sys.modules[f"{root}.{key}"] = module
+            # ``import nki.isa.constants as c`` reads the attribute of the parent module
+            setattr(importlib.import_module("torchneuron.nki." + sub), key.split(".")[-1], module)
 _XLA = ("torch_xla", "torch_xla.core", "torch_xla.core.xla_model")
 
 
@@ -97,6 +110,7 @@ def install_import_aliases(force: bool = False, torch_xla: bool = True):
         sys.modules[root] = pkg
         for name, mod in subs.items():
             sys.modules[f"{root}.{name}"] = mod
+            _enter_nested(root, name)
     if "neuronxcc" not in sys.modules or force:
         parent = types.ModuleType("neuronxcc")
         parent.nki = pkg
@@ -119,7 +133,8 @@ def uninstall_import_aliases():
     for key in list(sys.modules):
         mod = sys.modules[key]
         if key == "neuronxcc" or any(key == r or key.startswith(r + ".") for r in _ROOTS):
-            if mod is pkg or key.split(".")[-1] in _SUBMODULES or getattr(mod, "_torchneuron_alias", False):
+            nested = any(key == f"{r}.{n}" for r in _ROOTS for n in _NESTED)
+            if mod is pkg or key.split(".")[-1] in _SUBMODULES or nested or getattr(mod, "_torchneuron_alias", False):
                 del sys.modules[key]
         elif key in _XLA and getattr(mod, "_torchneuron_alias", False):
             del sys.modules[key]
@@ -141,6 +156,7 @@ class _NkiFinder:
         elif name.startswith("nki.") and name[4:] in _SUBMODULES and sys.modules.get("nki") is sys.modules.get(
                 "torchneuron.nki"):
             module = importlib.import_module("torchneuron.nki." + name[4:])
+            _enter_nested("nki", name[4:])
         else:
             return None
         return importlib.util.spec_from_loader(name, _Existing(module), is_package=name == "nki")

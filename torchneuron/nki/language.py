@@ -195,7 +195,7 @@ def ds(start, size, step=1):
 def _range(*args, **kwargs):
     # Loop hints (directives, multi_buffer, ...) only steer the compiler's
     # scheduling; iterations run in order here, which is one legal schedule.
-    return range(*args)
+    return builtins.range(*args)
 
 
 def dynamic_range(start, stop=None, step=1, **kwargs):
@@ -203,7 +203,7 @@ def dynamic_range(start, stop=None, step=1, **kwargs):
     as a static loop (register-valued bounds are not emulated)."""
     if stop is None:
         start, stop = 0, start
-    return range(int(start), int(stop), int(step))
+    return builtins.range(int(start), int(stop), int(step))
 
 
 class no_reorder:
@@ -223,6 +223,11 @@ def affine_range(*args, **kwargs):
 
 def sequential_range(*args, **kwargs):
     """Loop whose iterations depend on each other."""
+    return _range(*args, **kwargs)
+
+
+def range(*args, **kwargs):  # noqa: A001  (upstream's name: ``for i in nl.range(n)``)
+    """NKI 0.x's loop range: iterations in order, as every loop kind here."""
     return _range(*args, **kwargs)
 
 
@@ -282,11 +287,11 @@ def _hbm_view(x, what):
 def _mask(mask, shape):
     if mask is None:
         return None
-    if isinstance(mask, (bool, np.bool_)):
-        return np.full(shape, bool(mask))
+    if isinstance(mask, (builtins.bool, np.bool_)):
+        return np.full(shape, builtins.bool(mask))
     if isinstance(mask, NkiTensor):
         raise NKITypeError("mask= must be a predicate on index grids or program ids, not a tile; use nl.where")
-    return align_to(np.asarray(mask, dtype=bool), shape)
+    return align_to(np.asarray(mask, dtype=np.bool_), shape)
 
 
 def load(src, mask=None, dtype=None, **kwargs):
@@ -566,9 +571,9 @@ def _assignment_target(filename, lineno):
     if key in _TARGET_CACHE:
         return _TARGET_CACHE[key]
     code = None
-    for start in range(lineno, builtins.max(0, lineno - 5), -1):
-        text = "".join(linecache.getline(filename, i) for i in range(start, lineno + 3)).strip()
-        for end in range(len(text), 0, -1):
+    for start in builtins.range(lineno, builtins.max(0, lineno - 5), -1):
+        text = "".join(linecache.getline(filename, i) for i in builtins.range(start, lineno + 3)).strip()
+        for end in builtins.range(len(text), 0, -1):
             try:
                 tree = ast.parse(text[:end])
             except SyntaxError:
@@ -586,9 +591,30 @@ def _assignment_target(filename, lineno):
 # Everything else a kernel calls touches tiles: one step of a recorded trace
 # (see trace.py).  These only compute indices, loop bounds and launch facts.
 instructions(globals(), __name__, exclude={
-    "par_dim", "arange", "ds", "affine_range", "sequential_range", "static_range", "dynamic_range", "program_id",
+    "par_dim", "arange", "ds", "range", "affine_range", "sequential_range", "static_range", "dynamic_range", "program_id",
     "num_programs", "program_ndim", "nc", "spmd_dim", "static_cast", "expand_dims", "loop_reduce",
     "is_psum", "is_sbuf", "is_hbm", "is_on_chip"})
 
 # upstream names of the memory constants
 MemoryRegion = Buffer
+
+# upstream names of types that kernels annotate with or derive from
+tensor = NkiTensor
+bool = bool_  # noqa: A001  (``nl.bool``, NKI 0.x's name of the boolean dtype)
+
+
+class _DTypeClass(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, (np.dtype, _dt.Packed, type(_dt.tfloat32)))
+
+
+class dtype(metaclass=_DTypeClass):  # noqa: N801  (upstream's name)
+    """``nl.dtype``: what kernels annotate dtype parameters with.  A dtype here is a NumPy dtype or
+    one of the packed MX types, so ``isinstance(x, nl.dtype)`` accepts both."""
+
+
+class NKIObject:
+    """Base class of user classes whose instances kernels take as arguments (configuration
+    dataclasses).  It adds nothing: the kernel reads the object's fields as Python values."""
+
+    __slots__ = ()
