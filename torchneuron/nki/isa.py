@@ -18,7 +18,7 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops as _ops
 from .context import current
-from .errors import NKILimitError, NKITypeError
+from .errors import NKILimitError, NKIOutOfBoundsError, NKITypeError
 from .machine import Buffer, TileSize
 from .tensor import NkiTensor, align_to, allocate
 from .trace import instructions
@@ -721,6 +721,52 @@ def dma_transpose(*args, **kwargs):
         t.write(out)
         return t
     dst.write(align_to(out, dst.shape))
+    return dst
+
+
+# ------------------------------------------------- cross-partition movement
+QUADRANT = 32
+SHUFFLE_KEEP = 255  # a shuffle_mask entry that leaves its destination partition unmodified
+
+
+def nc_stream_shuffle(*args, **kwargs):
+    """Move partitions within each quadrant of 32 (Vector Engine): partition ``q*32 + i`` of ``dst``
+    receives partition ``q*32 + shuffle_mask[i]`` of ``src``, the same mask in every quadrant; an entry
+    of 255 leaves that destination partition unmodified.  ``nc_stream_shuffle(dst, src, shuffle_mask)``;
+    ``dst`` may be ``src`` (the source is read before anything is written).  The bits move unchanged,
+    so both tiles have one dtype and the same number of elements per partition."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "src", "shuffle_mask"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nc_stream_shuffle: argument {n!r} given twice")
+        kw[n] = a
+    dst, src = _tile(kw.get("dst"), "nc_stream_shuffle dst"), _tile(kw.get("src"), "nc_stream_shuffle src")
+    mask = [int(m) for m in kw.get("shuffle_mask", ())]
+    if len(mask) != QUADRANT or any(not (0 <= m < QUADRANT or m == SHUFFLE_KEEP) for m in mask):
+        raise NKITypeError(f"nisa.nc_stream_shuffle: shuffle_mask must list {QUADRANT} source partitions "
+                           f"(0..{QUADRANT - 1}, or {SHUFFLE_KEEP} to keep the destination's), got {mask}")
+    for t, what in ((dst, "dst"), (src, "src")):
+        if not t.buffer.on_chip:
+            raise NKITypeError(f"nisa.nc_stream_shuffle: {what} must be in SBUF or PSUM, not {t.buffer.value}")
+    if _dt.name(dst.dtype) != _dt.name(src.dtype):
+        raise NKITypeError(f"nisa.nc_stream_shuffle: dst ({_dt.name(dst.dtype)}) and src "
+                           f"({_dt.name(src.dtype)}) must have the same dtype")
+    per_partition = int(np.prod(dst.shape[1:], dtype=np.int64))
+    if per_partition != int(np.prod(src.shape[1:], dtype=np.int64)):
+        raise NKITypeError(f"nisa.nc_stream_shuffle: dst {tuple(dst.shape)} and src {tuple(src.shape)} must "
+                           f"have the same number of elements per partition")
+    vals = src.raw_values(None, "nisa.nc_stream_shuffle (source)").reshape(src.shape[0], -1)
+    rows = np.arange(dst.shape[0])
+    picked = np.asarray(mask)[rows % QUADRANT]
+    keep = picked == SHUFFLE_KEEP
+    source_rows = (rows // QUADRANT) * QUADRANT + np.where(keep, 0, picked)
+    if (~keep & (source_rows >= src.shape[0])).any():
+        bad = int(source_rows[~keep & (source_rows >= src.shape[0])][0])
+        raise NKIOutOfBoundsError(f"nisa.nc_stream_shuffle: source partition {bad} is outside src, which has "
+                                  f"{src.shape[0]} partitions")
+    out = vals[np.minimum(source_rows, src.shape[0] - 1)].reshape(dst.shape)
+    write_mask = np.broadcast_to((~keep).reshape((-1,) + (1,) * (len(dst.shape) - 1)), dst.shape)
+    dst.write(out, None if not keep.any() else write_mask, what="nisa.nc_stream_shuffle (destination)")
     return dst
 
 

@@ -38,6 +38,8 @@ import sys
 import tempfile
 import time
 
+import pytest
+
 INTEGRATION = os.path.join("test", "integration")
 FAMILY_ROOT = os.path.join("test", "integration", "nkilib")
 # harness modules the published checkout imports but does not contain (remote core locking, profile analysis)
@@ -59,13 +61,29 @@ class _XdistHooks:
 class _Recorder:
     """pytest plugin: each test case's outcome and, for failures, a one-line reason."""
 
-    def __init__(self, timeout):
+    def __init__(self, timeout, per_test=0):
         self.timeout = timeout
+        self.per_test = per_test
         self.cases = {}
+
+    @pytest.hookimpl(trylast=True)  # after the suite's own skips
+    def pytest_collection_modifyitems(self, config, items):
+        """With ``per_test``: keep each test function's smallest cases, after the suite's own skips."""
+        if not self.per_test:
+            return
+        groups = collections.defaultdict(list)
+        for item in items:
+            if item.get_closest_marker("skip") is None:
+                groups[(str(item.path), getattr(item, "originalname", item.name))].append(item)
+        keep = set()
+        for group in groups.values():
+            group.sort(key=lambda it: (case_size(it), it.nodeid))
+            keep.update(id(it) for it in group[:self.per_test])
+        config.hook.pytest_deselected(items=[it for it in items if id(it) not in keep])
+        items[:] = [it for it in items if id(it) in keep]
 
     def pytest_addhooks(self, pluginmanager):
         if not pluginmanager.has_plugin("xdist"):
-            import pytest
             pluginmanager.add_hookspecs(type("XdistHookSpecs", (), {
                 "pytest_configure_node": pytest.hookspec(_XdistHooks.pytest_configure_node)}))
 
@@ -92,6 +110,20 @@ class _Recorder:
     def pytest_collectreport(self, report):
         if report.outcome == "failed":
             self.cases[report.nodeid] = {"outcome": "error", "reason": failure_reason(report), "seconds": 0.0}
+
+
+def case_size(item) -> int:
+    """How large a test case is: the product of the positive integers among its parameters."""
+    size = 1
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    stack = list(params.values())
+    while stack:
+        v = stack.pop()
+        if isinstance(v, (list, tuple)):
+            stack.extend(v)
+        elif isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            size *= v
+    return size
 
 
 def failure_reason(report) -> str:
@@ -155,12 +187,11 @@ def _prepare_imports(checkout):
             library_stand_ins.install_missing([*parents, name], f"{name} (not in the published checkout)")
 
 
-def run_suite(checkout, machine, pytest_args, timeout, report_path):
+def run_suite(checkout, machine, pytest_args, timeout, report_path, per_test=0):
     """Run the suite in this process for one machine; write the cases to ``report_path``."""
-    import pytest
     checkout = os.path.abspath(checkout)
     _prepare_imports(checkout)
-    recorder = _Recorder(timeout)
+    recorder = _Recorder(timeout, per_test)
     paths = [a for a in pytest_args if not a.startswith("-") and os.path.exists(os.path.join(checkout, a))]
     options = [a for a in pytest_args if a not in paths]
     with tempfile.TemporaryDirectory(prefix="nkilib-out-") as out:
@@ -217,6 +248,8 @@ def main(argv=None):
     p.add_argument("--machine", action="append", choices=["trn2", "trn3"],
                    help="target (repeatable; default trn2 and trn3)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per test case (default 600)")
+    p.add_argument("--per-test", type=int, default=0, metavar="K",
+                   help="run only the K smallest cases of each test function (default: every case)")
     p.add_argument("--json", help="write every case's outcome, per machine, to this file")
     p.add_argument("--reasons", type=int, default=3, help="failure reasons listed per family")
     p.add_argument("--child-report", help=argparse.SUPPRESS)
@@ -226,14 +259,16 @@ def main(argv=None):
         p.error(f"{checkout} is not an nki-library checkout (no {INTEGRATION})")
     machines = args.machine or ["trn2", "trn3"]
     if args.child_report:
-        return 0 if run_suite(checkout, machines[0], pytest_args, args.timeout, args.child_report) in (0, 5) else 1
+        status = run_suite(checkout, machines[0], pytest_args, args.timeout, args.child_report, args.per_test)
+        return 0 if status in (0, 5) else 1
     results, failed = {}, 0
     for machine in machines:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
             report = f.name
         started = time.perf_counter()
         cmd = [sys.executable, "-m", "torchneuron.nki.library", checkout, "--machine", machine,
-               "--timeout", str(args.timeout), "--child-report", report, "--", *pytest_args]
+               "--timeout", str(args.timeout), "--per-test", str(args.per_test), "--child-report", report,
+               "--", *pytest_args]
         env = dict(os.environ, NEURON_LAUNCH_BLOCKING="1")
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:

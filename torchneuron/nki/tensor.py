@@ -21,6 +21,8 @@ that consumes the view.  The view remembers which elements are outside
 from __future__ import annotations
 
 import math
+import weakref
+
 import numpy as np
 
 from . import dtypes as _dt
@@ -130,6 +132,11 @@ def _ext_coords(shape, lo, hi, k):
     return np.broadcast_to(np.arange(lo[k], hi[k] + 1, dtype=np.int64).reshape(shp), ext)
 
 
+# tiles made by comparing tile values (``a < b``): the ones without a truth value in Python conditions
+# (by id: tiles compare by value, so they cannot be set members)
+_COMPARISON_RESULTS = weakref.WeakValueDictionary()
+
+
 class NkiTensor:
     """A tensor (or view of one) in HBM, SBUF or PSUM."""
 
@@ -181,8 +188,12 @@ class NkiTensor:
                 f"buffer={self.buffer.value}{', name=' + self.name if self.name else ''})")
 
     def __bool__(self):
-        raise NKITypeError("a tile has no truth value in the kernel's Python control flow; "
-                           "use mask= or nl.where for data-dependent choices")
+        # A tensor is an object that exists (``if bias:`` tests an optional argument, as in NKI 0.x);
+        # a comparison of tile values has no truth value at trace time.
+        if _COMPARISON_RESULTS.get(id(self)) is self:
+            raise NKITypeError("a tile comparison has no truth value in the kernel's Python control flow; "
+                               "use mask= or nl.where for data-dependent choices")
+        return True
 
     __hash__ = object.__hash__
 
@@ -430,12 +441,20 @@ class NkiTensor:
     def __rpow__(self, o): return self._bin(np.power, o, True)
     def __mod__(self, o): return self._bin(np.fmod, o)
     def __floordiv__(self, o): return self._bin(np.floor_divide, o)
-    def __lt__(self, o): return self._bin(np.less, o)
-    def __le__(self, o): return self._bin(np.less_equal, o)
-    def __gt__(self, o): return self._bin(np.greater, o)
-    def __ge__(self, o): return self._bin(np.greater_equal, o)
-    def __eq__(self, o): return self._bin(np.equal, o)
-    def __ne__(self, o): return self._bin(np.not_equal, o)
+    def _compare(self, f, other):
+        result = self._bin(f, other)
+        if isinstance(result, NkiTensor):
+            _COMPARISON_RESULTS[id(result)] = result
+        return result
+
+    def __lt__(self, o): return self._compare(np.less, o)
+    def __le__(self, o): return self._compare(np.less_equal, o)
+    def __gt__(self, o): return self._compare(np.greater, o)
+    def __ge__(self, o): return self._compare(np.greater_equal, o)
+
+    # ``t == None``/``t != None`` test whether an optional tensor was given (as in Python and NKI 0.x)
+    def __eq__(self, o): return False if o is None else self._compare(np.equal, o)
+    def __ne__(self, o): return True if o is None else self._compare(np.not_equal, o)
     def __and__(self, o): return self._bin(np.bitwise_and, o)
     def __rand__(self, o): return self._bin(np.bitwise_and, o, True)
     def __or__(self, o): return self._bin(np.bitwise_or, o)
