@@ -28,7 +28,7 @@ import numpy as np
 from . import dtypes as _dt
 from .context import current
 from .trace import instruction, outside_instruction
-from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
+from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError, kernel_location
 from .machine import Allocation, Buffer, TileSize, new_storage, onchip_footprint
 
 
@@ -338,12 +338,22 @@ class NkiTensor:
         assign(target, value)
 
     @instruction
-    def ap(self, *pattern, offset=0, dtype=None, pattern_kw=None, **kwargs):
+    def ap(self, *pattern, offset=0, dtype=None, pattern_kw=None, scalar_offset=None, vector_offset=None,
+           indirect_dim=0, **kwargs):
         """Hardware access pattern: ``t.ap([[step, num], ...], offset=0, dtype=None)``.
 
         The tensor is seen as flat; view element (i0, i1, ...) is storage
         element ``offset + sum(ik * step_k)``.  Also accepts the pairs as
         separate arguments, and ``pattern=`` as a keyword.
+
+        Tensor indirection: ``scalar_offset=`` (a one-element SBUF tile) adds
+        its value times the stride of the tensor's axis ``indirect_dim`` to
+        every element; ``vector_offset=`` (an SBUF tile of indices, read in
+        partition order) replaces the pattern's first dimension: entry ``i0``
+        starts at index ``vector_offset[i0]`` of axis ``indirect_dim``.  The
+        indices are read when ``.ap()`` is called, so a kernel computes them
+        before building the view (a signature that uses indirection is
+        interpreted on every call, since its addresses depend on data).
         """
         if "pattern" in kwargs:
             pattern = (kwargs.pop("pattern"),)
@@ -353,7 +363,11 @@ class NkiTensor:
             pattern = pattern[0]
         pattern = [(int(s), int(n)) for s, n in pattern]
         if not (self._is_whole() or self._reshaped_whole()):
-            raise NKIError("cannot specify an access pattern on an already indexed tensor; call .ap() on the tensor itself")
+            if self._arr is None or dtype is not None:
+                raise NKIError("cannot specify an access pattern on a gathered or reinterpreted view; call .ap() on "
+                               "the tensor itself")
+            # a strided view (``t[i].ap(...)``): the pattern starts at the view's first element
+            offset = int(offset) + self._offset_strides()[0]
         alloc = self._alloc
         data = alloc.data
         if dtype is not None:
@@ -368,18 +382,62 @@ class NkiTensor:
         flat = data.reshape(-1)
         shape = tuple(n for _, n in pattern)
         key = np.full(shape, int(offset), dtype=np.int64)
+        indices = self._indirect_indices(scalar_offset, vector_offset, indirect_dim, pattern)
         for k, (s, n) in enumerate(pattern):
             shp = [1] * len(shape)
             shp[k] = n
-            key = key + (np.arange(n, dtype=np.int64) * s).reshape(shp)
+            if k == 0 and vector_offset is not None:
+                key = key + indices.reshape(shp)
+            else:
+                key = key + (np.arange(n, dtype=np.int64) * s).reshape(shp)
+        if scalar_offset is not None:
+            key = key + indices
         oob = (key < 0) | (key >= flat.size)
+        if indices is not None and oob.any():
+            raise NKIOutOfBoundsError(
+                f"indirect access pattern out of bounds of {self.buffer.value} tensor {self.name or ''}"
+                f"{tuple(self.shape)}: {int(oob.sum())} element(s) outside (offsets read from the "
+                f"{'scalar' if scalar_offset is not None else 'vector'}_offset tile)")
         if oob.any():
             return NkiTensor(alloc, None, np.clip(key, 0, flat.size - 1), oob, 0)
+        if indices is not None:
+            return NkiTensor(alloc, None, key, None, 0)
         if all(s >= 0 for s, _ in pattern):
             view = np.lib.stride_tricks.as_strided(
                 flat[int(offset):], shape=shape, strides=[s * flat.itemsize for s, _ in pattern], writeable=True)
             return NkiTensor(alloc, view, None, None, 0)
         return NkiTensor(alloc, None, key, None, 0)
+
+    def _indirect_indices(self, scalar_offset, vector_offset, indirect_dim, pattern):
+        """Element offsets of tensor indirection (see ``ap``), read from the offset tile; None without it."""
+        if scalar_offset is None and vector_offset is None:
+            return None
+        if scalar_offset is not None and vector_offset is not None:
+            raise NKITypeError(".ap(): give at most one of scalar_offset and vector_offset")
+        shape = tuple(self._alloc.data.shape)
+        dim = int(indirect_dim)
+        if not 0 <= dim < len(shape):
+            raise NKITypeError(f".ap(): indirect_dim {dim} is not an axis of the {len(shape)}-d tensor {shape}")
+        stride = int(math.prod(shape[dim + 1:]))
+        source = scalar_offset if scalar_offset is not None else vector_offset
+        if not isinstance(source, NkiTensor) or not source.buffer.on_chip:
+            raise NKITypeError(f".ap(): {'scalar' if scalar_offset is not None else 'vector'}_offset must be an "
+                               f"SBUF tile of indices, got {source!r}")
+        from .trace import active
+        rec = active()
+        if rec is not None:
+            rec.poison(f"tensor indirection (.ap() with an offset tile) at {kernel_location()}")
+        values = _dt.to_compute(source.raw_values(None, ".ap() offset")).reshape(-1, order="F")
+        if scalar_offset is not None:
+            if values.size != 1:
+                raise NKITypeError(f".ap(): scalar_offset must hold one element, it has {values.size}")
+            return np.int64(values[0]) * stride
+        # indices in partition order: the (P, n) tile read column by column
+        count = pattern[0][1] if pattern else 0
+        if values.size < count:
+            raise NKITypeError(f".ap(): vector_offset holds {values.size} indices, the pattern's first "
+                               f"dimension needs {count}")
+        return values[:count].astype(np.int64) * stride
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
