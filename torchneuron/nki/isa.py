@@ -103,7 +103,8 @@ def _style(args, kwargs, old_kinds):
     'T' tile, 'F' operator, 'A' anything.
     """
     names = [n for n, _ in old_kinds]
-    new = "dst" in kwargs or len(args) > len(old_kinds)
+    # a positional argument whose beta-1 name is also given by keyword can only be the destination
+    new = "dst" in kwargs or len(args) > len(old_kinds) or any(n in kwargs for n in names[:len(args)])
     if not new:
         for a, (_, kind) in zip(args, old_kinds):
             if (kind == "T" and not isinstance(a, NkiTensor)) or (kind == "F" and isinstance(a, NkiTensor)):

@@ -666,7 +666,8 @@ def index(t: NkiTensor, idx) -> NkiTensor:
             par = sum(1 for c in before if not isinstance(c, int))
             if len(norm) > t._par and isinstance(norm[t._par], int):
                 par = 0
-        return NkiTensor(t._alloc, t._arr[tuple(norm)], None, None, par)
+        # the Ellipsis keeps an all-integer subscript (``t[i, j]``) a writable 0-d view, not a copied scalar
+        return NkiTensor(t._alloc, t._arr[(*norm, Ellipsis)], None, None, par)
     if t._arr is not None:
         view = _affine_view(t, norm, shape)
         if view is not None:
