@@ -76,3 +76,54 @@ def test_isa_constants_module_names_the_isa_enumerations():
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "ok", r.stderr
+
+
+def test_nc_versions_are_ordered_and_compare_with_integers():
+    assert nisa.nc_version.gen2 < nisa.nc_version.gen3 < nisa.nc_version.gen4
+    assert nisa.nc_version.gen3 >= 3 and nisa.nc_version.gen3.name == "gen3"
+
+
+@nki.jit
+def identity_and_constant(x, path):
+    n = x.shape[0]
+    out = nl.ndarray((2, n, n), dtype=nl.float32, buffer=nl.shared_hbm)
+    eye = nl.shared_identity_matrix(n, dtype=nl.bfloat16)  # an SBUF tile
+    t = nl.ndarray((n, n), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    p = nl.ndarray((n, n), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=p, stationary=eye, moving=t)
+    nisa.tensor_copy(dst=t, src=p)
+    nisa.dma_copy(dst=out[0], src=t)
+    nisa.dma_copy(dst=out[1], src=nl.shared_constant(path))
+    return out
+
+
+def test_identity_is_an_sbuf_tile_and_constants_load_from_npy_files(rng, tmp_path):
+    x = rng.standard_normal((16, 16)).astype(np.float32)
+    c = rng.standard_normal((16, 16)).astype(np.float32)
+    np.save(tmp_path / "c.npy", c)
+    got = identity_and_constant(x, str(tmp_path / "c.npy"))
+    np.testing.assert_allclose(got[0], x, rtol=1e-6)
+    np.testing.assert_array_equal(got[1], c)
+    with pytest.raises(NKITypeError, match="cannot read a .npy array"):
+        identity_and_constant(x, str(tmp_path / "missing.npy"))
+
+
+@nki.jit
+def abs_max(x):
+    P, F = x.shape
+    out = nl.ndarray((P, F + 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.tensor_scalar_reduce(dst=t, data=t, op0=nl.abs, operand0=0.0, reduce_op=nl.maximum, reduce_res=m)
+    nisa.dma_copy(dst=out[:, 0:F], src=t)
+    nisa.dma_copy(dst=out[:, F:F + 1], src=m)
+    return out
+
+
+def test_a_unary_operator_in_tensor_scalar_applies_to_the_data(rng):
+    x = rng.standard_normal((8, 32)).astype(np.float32)
+    got = abs_max(x)
+    np.testing.assert_array_equal(got[:, :32], np.abs(x))
+    np.testing.assert_array_equal(got[:, 32], np.abs(x).max(axis=1))

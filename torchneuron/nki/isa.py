@@ -53,7 +53,7 @@ class reduce_cmd(enum.Enum):
     load_reduce = "load_reduce"
 
 
-class nc_version(enum.Enum):
+class nc_version(enum.IntEnum):
     gen2 = 2
     gen3 = 3
     gen4 = 4
@@ -420,7 +420,16 @@ def tensor_tensor(*args, **kwargs):
 
 
 def _apply(op, data, operand, reverse):
-    f = _ops.resolve_binary(op)
+    try:
+        f = _ops.resolve_binary(op)
+    except NKITypeError:
+        # a unary operator (``op0=nl.abs``) applies to the data; its operand must be the neutral 0
+        g = _ops.resolve_unary(op)
+        if np.ndim(operand) != 0 or float(operand) != 0.0:
+            raise NKITypeError(f"{getattr(op, '__name__', op)!r} is unary: as an operator of tensor_scalar its "
+                               f"operand must be 0.0, got {operand!r}") from None
+        with np.errstate(all="ignore"):
+            return np.asarray(g(data), dtype=F32)
     o = operand if np.ndim(operand) == 0 else align_to(operand, data.shape)
     with np.errstate(all="ignore"):
         return np.asarray(f(o, data) if reverse else f(data, o), dtype=F32)
@@ -769,6 +778,68 @@ def nc_stream_shuffle(*args, **kwargs):
     write_mask = np.broadcast_to((~keep).reshape((-1,) + (1,) * (len(dst.shape) - 1)), dst.shape)
     dst.write(out, None if not keep.any() else write_mask, what="nisa.nc_stream_shuffle (destination)")
     return dst
+
+
+# ------------------------------------------- the two cores of a logical core
+def _lnc_rank(what):
+    from . import lnc
+    from .trace import active
+    pair, rank = lnc.current_pair()
+    if pair is None:
+        raise NKITypeError(f"{what} exchanges data between the two cores of a logical NeuronCore: launch the "
+                           f"kernel with LNC degree 2 (kernel[2]), not grid {current().launch.grid}")
+    if current().launch.target.generation < 3:
+        raise NKITypeError(f"{what} needs NeuronCore-v3 or newer, not {current().launch.target.name}")
+    rec = active()
+    if rec is not None:  # what one core reads depends on the other's timing: no recorded program
+        rec.poison(f"{what} between the cores of a logical NeuronCore")
+    return pair, rank
+
+
+def sendrecv(*args, **kwargs):
+    """Send ``src`` to the ``dst`` of core ``send_to_rank`` while receiving core ``recv_from_rank``'s
+    ``src`` into this core's ``dst`` (DMA: the bits move unchanged; both tiles in SBUF, one dtype).
+    ``pipe_id``, ``dma_engine`` and ``name`` are accepted; transfers between two cores arrive in the
+    order they were sent."""
+    kw = dict(kwargs)
+    for n, a in zip(["src", "dst", "send_to_rank", "recv_from_rank", "pipe_id"], args):
+        if n in kw:
+            raise TypeError(f"nisa.sendrecv: argument {n!r} given twice")
+        kw[n] = a
+    src, dst = _tile(kw.get("src"), "sendrecv src"), _tile(kw.get("dst"), "sendrecv dst")
+    for t, what in ((src, "src"), (dst, "dst")):
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"nisa.sendrecv: {what} must be in SBUF, not {t.buffer.value}")
+    if _dt.name(src.dtype) != _dt.name(dst.dtype):
+        raise NKITypeError(f"nisa.sendrecv: src ({_dt.name(src.dtype)}) and dst ({_dt.name(dst.dtype)}) must "
+                           f"have the same dtype")
+    to, frm = int(kw.get("send_to_rank", -1)), int(kw.get("recv_from_rank", -1))
+    if to not in (0, 1) or frm not in (0, 1):
+        raise NKITypeError(f"nisa.sendrecv: send_to_rank and recv_from_rank must be 0 or 1, got {to} and {frm}")
+    pair, rank = _lnc_rank("nisa.sendrecv")
+    values = src.raw_values(None, "nisa.sendrecv (source)").copy()
+    pair.send(rank, to, values)
+    got = pair.receive(rank, frm, f"nisa.sendrecv from core {frm}")
+    if got.size != int(np.prod(dst.shape, dtype=np.int64)):
+        raise NKITypeError(f"nisa.sendrecv: core {frm} sent {got.size} elements into a dst of shape "
+                           f"{tuple(dst.shape)}")
+    dst.write(got.reshape(dst.shape), what="nisa.sendrecv (destination)")
+    return dst
+
+
+def core_barrier(*args, **kwargs):
+    """Wait until both cores of the logical NeuronCore have reached this barrier (their writes to
+    ``data``, a shared HBM tensor, before it are then visible to both).  ``cores`` must be (0, 1)."""
+    kw = dict(kwargs)
+    for n, a in zip(["data", "cores"], args):
+        kw[n] = a
+    cores = tuple(int(c) for c in kw.get("cores", (0, 1)))
+    if cores != (0, 1):
+        raise NKITypeError(f"nisa.core_barrier: only cores=(0, 1) is supported, got {cores}")
+    _tile(kw.get("data"), "core_barrier data")
+    pair, rank = _lnc_rank("nisa.core_barrier")
+    pair.barrier(rank, "nisa.core_barrier")
+    return None
 
 
 # ------------------------------------------------------------ top-8 search

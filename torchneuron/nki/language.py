@@ -141,16 +141,23 @@ def _buffer_of(x):
 
 
 def shared_identity_matrix(n, dtype=None, dst=None, **kwargs):
-    """An ``n x n`` identity matrix (uint8 by default): in HBM, or copied into ``dst`` (an SBUF tile)."""
-    t = shared_constant(np.eye(int(n)), dtype=dtype if dtype is not None else _dt.uint8)
+    """An ``n x n`` identity matrix (uint8 by default) in SBUF: a new tile, or written into ``dst``."""
+    eye = np.eye(int(n), dtype=np.float32)
     if dst is not None:
-        dst.write(t.read())
+        dst.write(eye)
         return dst
+    t = allocate(eye.shape, dtype if dtype is not None else _dt.uint8, Buffer.sbuf, "identity")
+    t.write(eye)
     return t
 
 
 def shared_constant(constant, dtype=None, **kwargs):
-    """An HBM tensor holding a host constant (e.g. an identity matrix)."""
+    """An HBM tensor holding a host constant: an array, or the path of a ``.npy`` file holding one."""
+    if isinstance(constant, (str, bytes)) or hasattr(constant, "__fspath__"):
+        try:
+            constant = np.load(constant, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise NKITypeError(f"nl.shared_constant: cannot read a .npy array from {constant!r}: {e}") from None
     arr = np.asarray(constant)
     dtype = _dt.normalize(dtype) if dtype is not None else _dt.normalize(arr.dtype)
     t = allocate(arr.shape, dtype, Buffer.hbm, "constant", values=arr.astype(np.float32) if not _dt.is_int(dtype) else arr)

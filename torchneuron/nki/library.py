@@ -61,10 +61,22 @@ class _XdistHooks:
 class _Recorder:
     """pytest plugin: each test case's outcome and, for failures, a one-line reason."""
 
-    def __init__(self, timeout, per_test=0):
+    def __init__(self, timeout, per_test=0, report_path=None, machine=None):
         self.timeout = timeout
         self.per_test = per_test
+        self.report_path, self.machine = report_path, machine
         self.cases = {}
+
+    def save(self, status=None):
+        """Write the cases so far (after each one, so a long run can be read while it goes on)."""
+        if self.report_path:
+            tmp = self.report_path + ".part"
+            with open(tmp, "w") as f:
+                json.dump({"machine": self.machine, "status": status, "cases": self.cases}, f)
+            os.replace(tmp, self.report_path)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self.save()
 
     @pytest.hookimpl(trylast=True)  # after the suite's own skips
     def pytest_collection_modifyitems(self, config, items):
@@ -191,7 +203,7 @@ def run_suite(checkout, machine, pytest_args, timeout, report_path, per_test=0):
     """Run the suite in this process for one machine; write the cases to ``report_path``."""
     checkout = os.path.abspath(checkout)
     _prepare_imports(checkout)
-    recorder = _Recorder(timeout, per_test)
+    recorder = _Recorder(timeout, per_test, report_path, machine)
     paths = [a for a in pytest_args if not a.startswith("-") and os.path.exists(os.path.join(checkout, a))]
     options = [a for a in pytest_args if a not in paths]
     with tempfile.TemporaryDirectory(prefix="nkilib-out-") as out:
@@ -200,8 +212,7 @@ def run_suite(checkout, machine, pytest_args, timeout, report_path, per_test=0):
                 "--output-directory", out, "-p", "no:cacheprovider", "-q", "--no-header", "-rN",
                 "--continue-on-collection-errors", *options]
         status = pytest.main(args, plugins=[recorder])
-    with open(report_path, "w") as f:
-        json.dump({"machine": machine, "status": int(status), "cases": recorder.cases}, f)
+    recorder.save(int(status))
     return status
 
 
