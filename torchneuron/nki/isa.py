@@ -714,6 +714,45 @@ def dma_copy(*args, **kwargs):
     return dst
 
 
+def dma_compute(*args, **kwargs):
+    """``dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...)`` in the DMA engines: each
+    source converted to float32, the sum rounded once to ``dst``'s dtype.  ``reduce_op`` is
+    ``nl.add`` and every scale 1.0 (None means all 1.0), as on the device.  A destination that is
+    also a source with a ``vector_offset`` is a read-modify-write scatter; its indices must be unique
+    (``unique_indices=True``)."""
+    kw = dict(kwargs)
+    names = ["dst", "srcs"]
+    if len(args) > 2 and isinstance(args[2], (list, tuple)):
+        names += ["scales", "reduce_op"]  # the older order: dst, srcs, scales, reduce_op
+    else:
+        names += ["reduce_op", "scales"]
+    for n, a in zip(names, args):
+        if n in kw:
+            raise TypeError(f"nisa.dma_compute: argument {n!r} given twice")
+        kw[n] = a
+    dst = _tile(kw.get("dst"), "dma_compute dst")
+    srcs = list(kw.get("srcs") or ())
+    if not srcs:
+        raise NKITypeError("nisa.dma_compute: srcs must list at least one tensor")
+    op = kw.get("reduce_op")
+    if _ops.resolve_binary(op) is not np.add:
+        raise NKITypeError(f"nisa.dma_compute: reduce_op must be nl.add, got {getattr(op, '__name__', op)!r}")
+    scales = kw.get("scales")
+    if scales is not None and (len(scales) != len(srcs) or any(float(x) != 1.0 for x in scales)):
+        raise NKITypeError(f"nisa.dma_compute: scales must be 1.0 for each of the {len(srcs)} sources, got {scales}")
+    total = None
+    for i, src in enumerate(srcs):
+        v = _dt.to_compute(_tile(src, f"dma_compute srcs[{i}]").raw_values(None, f"nisa.dma_compute (srcs[{i}])"))
+        v = align_to(v, dst.shape)
+        total = v.astype(F32) if total is None else (total + v).astype(F32)
+    key = getattr(dst, "_key", None)
+    if key is not None and kw.get("unique_indices", True) is False and np.unique(key).size != key.size:
+        raise NKITypeError("nisa.dma_compute: repeated destination indices with unique_indices=False are not "
+                           "supported by the emulator")
+    dst.write(total, what="nisa.dma_compute (destination)")
+    return dst
+
+
 def dma_transpose(*args, **kwargs):
     """Transpose while moving (2-D swap, or ``axes`` permutation)."""
     kw = dict(kwargs)
