@@ -20,6 +20,7 @@ from . import ops as _ops
 from .context import current
 from .errors import NKILimitError, NKIOutOfBoundsError, NKITypeError
 from .machine import Buffer, TileSize
+from .registers import VirtualRegister
 from .tensor import NkiTensor, align_to, allocate
 from .trace import instructions
 
@@ -817,6 +818,48 @@ def nc_stream_shuffle(*args, **kwargs):
     write_mask = np.broadcast_to((~keep).reshape((-1,) + (1,) * (len(dst.shape) - 1)), dst.shape)
     dst.write(out, None if not keep.any() else write_mask, what="nisa.nc_stream_shuffle (destination)")
     return dst
+
+
+# -------------------------------------------------------- virtual registers
+def register_alloc(x=None):
+    """A new virtual register, holding ``x`` (an integer or another register; 0 if None)."""
+    return VirtualRegister(0 if x is None else x)
+
+
+def register_move(dst, src=None, imm=None):
+    """Set register ``dst`` to a constant integer or another register's value."""
+    _register(dst, "register_move dst").set(src if src is not None else imm)
+    return dst
+
+
+def register_load(dst, src):
+    """Load the one 32-bit integer of tile ``src`` (HBM or SBUF) into register ``dst``."""
+    from .trace import active
+    reg = _register(dst, "register_load dst")
+    t = _tile(src, "register_load src")
+    vals = t.raw_values(None, "nisa.register_load")
+    if vals.size != 1:
+        raise NKITypeError(f"nisa.register_load: src must hold one element, it has {vals.size}")
+    rec = active()
+    if rec is not None:  # control flow may now follow the data
+        rec.poison("a register loaded from data (nisa.register_load)")
+    reg.set(int(np.asarray(_dt.to_compute(vals)).reshape(-1)[0]))
+    return dst
+
+
+def register_store(dst, src):
+    """Write register ``src``'s value into the one-element tile ``dst``."""
+    t = _tile(dst, "register_store dst")
+    if int(np.prod(t.shape, dtype=np.int64)) != 1:
+        raise NKITypeError(f"nisa.register_store: dst must hold one element, it has shape {tuple(t.shape)}")
+    t.write(np.full(t.shape, _register(src, "register_store src").value))
+    return dst
+
+
+def _register(r, what):
+    if not isinstance(r, VirtualRegister):
+        raise NKITypeError(f"{what} must be a register from nisa.register_alloc, got {r!r}")
+    return r
 
 
 # ------------------------------------------- the two cores of a logical core

@@ -206,8 +206,8 @@ def _range(*args, **kwargs):
 
 
 def dynamic_range(start, stop=None, step=1, **kwargs):
-    """Loop whose bounds the device reads at run time; here the bounds are Python integers, so it runs
-    as a static loop (register-valued bounds are not emulated)."""
+    """Loop whose bounds the device reads at run time: integers or virtual registers
+    (``nisa.register_alloc``), whose current values are read when the loop starts."""
     if stop is None:
         start, stop = 0, start
     return builtins.range(int(start), int(stop), int(step))
