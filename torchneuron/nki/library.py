@@ -41,7 +41,7 @@ import time
 import pytest
 
 INTEGRATION = os.path.join("test", "integration")
-FAMILY_ROOT = os.path.join("test", "integration", "nkilib")
+FAMILY_ROOT = "integration/nkilib"
 # harness modules the published checkout imports but does not contain (remote core locking, profile analysis)
 UNPUBLISHED = ("test.utils.scripts.remote_lock_scripts", "test.utils.perf_analysis_private")
 
@@ -142,18 +142,19 @@ def failure_reason(report) -> str:
     """The last exception line of a failure (``Type: message``), shortened."""
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     line = lines[0] if lines else "?"
+    if line.endswith(":") and len(lines) > 1:  # an exception whose message starts on the next line
+        line = f"{line} {lines[1]}"
     line = re.sub(r"0x[0-9a-f]+", "0x…", line)
     return line[:240]
 
 
 def family_of(nodeid: str) -> str:
-    """The kernel family of a test case: its file's directory under test/integration/nkilib."""
+    """The kernel family of a test case: its file's directory under test/integration/nkilib
+    (node ids are relative to pytest's root directory, the checkout's ``test`` directory)."""
     path = nodeid.split("::")[0].replace("\\", "/")
-    root = FAMILY_ROOT.replace("\\", "/") + "/"
-    if path.startswith(root):
-        path = path[len(root):]
+    path = path.split(FAMILY_ROOT + "/", 1)[-1]
     return os.path.dirname(path) or path
 
 
