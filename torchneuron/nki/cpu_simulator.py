@@ -71,12 +71,13 @@ class _SimulatorNki(types.ModuleType):
 def modules() -> dict:
     """The ``nki_cpu_simulator`` module tree, by its ``sys.modules`` names."""
     import torchneuron.nki as pkg
-    from . import compiler, dtypes, isa, isa_constants, language, typing
+    from . import compiler, dtypes, frontend, isa, isa_constants, language, typing
     builtin = _module("nki_cpu_simulator.nki.builtin",
                       "The simulator's builtins (the harness makes them ``builtins.builtin``): the language's "
                       "functions.", **{k: v for k, v in vars(language).items() if not k.startswith("_")})
     isa.constants = isa_constants
     language.dtypes = dtypes
+    compiler.frontend = frontend
     nki = _SimulatorNki("nki_cpu_simulator.nki", pkg.__doc__)
     nki.__path__ = []
     nki.__dict__.update(builtin=builtin, cpu_simulate=cpu_simulate, language=language, isa=isa, typing=typing,
@@ -88,6 +89,7 @@ def modules() -> dict:
         "nki_cpu_simulator.nki": nki,
         "nki_cpu_simulator.nki.builtin": builtin,
         "nki_cpu_simulator.nki.compiler": compiler,
+        "nki_cpu_simulator.nki.compiler.frontend": frontend,
         "nki_cpu_simulator.nki.isa": isa,
         "nki_cpu_simulator.nki.isa.constants": isa_constants,
         "nki_cpu_simulator.nki.language": language,

@@ -18,7 +18,7 @@ import types
 _ROOTS = ("neuronxcc.nki", "nki")
 _SUBMODULES = ("language", "isa", "typing", "compiler")
 # module names below the package that name another of its modules (nki.isa.constants holds the enumerations)
-_NESTED = {"isa.constants": "isa_constants", "language.dtypes": "dtypes"}
+_NESTED = {"isa.constants": "isa_constants", "language.dtypes": "dtypes", "compiler.frontend": "frontend"}
 
 
 def _enter_nested(root, sub):

@@ -99,6 +99,13 @@ class _Recorder:
             pluginmanager.add_hookspecs(type("XdistHookSpecs", (), {
                 "pytest_configure_node": pytest.hookspec(_XdistHooks.pytest_configure_node)}))
 
+    def pytest_sessionstart(self, session):
+        # The published harness reads Orchestrator._compiled_kernel after every run, but only its
+        # compile step (skipped in simulation mode) sets it: the class gets the default None.
+        orchestrator = getattr(sys.modules.get("test.utils.test_orchestrator"), "Orchestrator", None)
+        if orchestrator is not None and not hasattr(orchestrator, "_compiled_kernel"):
+            orchestrator._compiled_kernel = None
+
     def pytest_runtest_call(self, item):
         if self.timeout and hasattr(signal, "SIGALRM"):
             def expire(signum, frame):
@@ -142,6 +149,9 @@ def failure_reason(report) -> str:
     """The last exception line of a failure (``Type: message``), shortened."""
     crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
     text = crash.message if crash is not None else str(report.longrepr)
+    errors = [ln[1:].strip() for ln in text.splitlines() if ln.startswith("E ")]
+    if crash is None and errors:  # a collection error: its traceback's last exception line
+        return re.sub(r"0x[0-9a-f]+", "0x…", errors[-1])[:240]
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     line = lines[0] if lines else "?"
     if line.endswith(":") and len(lines) > 1:  # an exception whose message starts on the next line
@@ -183,6 +193,9 @@ def _prepare_imports(checkout):
     for name in [m for m in sys.modules if m == "test" or m.startswith("test.")]:
         del sys.modules[name]
     cpu_simulator.install()
+    # the harness's trace-only tests import the compiler front end under the name it is aliased to
+    from . import frontend
+    sys.modules.setdefault("nki.compiler.frontend", frontend)
     # a few modules still import the beta-1 names (``neuronxcc.nki.typing``, the compiler's host dtypes)
     from .import_names import install_import_aliases
     install_import_aliases(torch_xla=False)
