@@ -924,6 +924,46 @@ def core_barrier(*args, **kwargs):
     return None
 
 
+# ------------------------------------------------------ GpSimd index search
+GPSIMD_CORE_PARTITIONS = 16  # each GpSimd core serves 16 partitions and reads/writes the first
+
+
+def nonzero_with_count(*args, **kwargs):
+    """Indices of the nonzero elements of each row, then ``padding_val``, then their count (GpSimd).
+
+    Only partitions 0, 16, 32, ..., 112 are read and written (each GpSimd core uses the
+    first of its 16 partitions); the others of ``dst`` keep their values.  ``dst`` has one
+    more element per partition than ``src``: ``[indices + index_offset..., padding..., N]``."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "src", "index_offset", "padding_val"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nonzero_with_count: argument {n!r} given twice")
+        kw[n] = a
+    dst, src = _tile(kw.get("dst"), "nonzero_with_count dst"), _tile(kw.get("src"), "nonzero_with_count src")
+    if current().launch.target.generation < 3:
+        raise NKITypeError("nisa.nonzero_with_count needs NeuronCore-v3 or newer")
+    v, _ = _values(src, "nisa.nonzero_with_count")
+    v = v.reshape(v.shape[0], -1)
+    width = v.shape[1]
+    if int(np.prod(dst.shape[1:], dtype=np.int64)) != width + 1:
+        raise NKITypeError(f"nisa.nonzero_with_count: dst needs {width + 1} elements per partition (src's "
+                           f"{width} and the count), it has {int(np.prod(dst.shape[1:], dtype=np.int64))}")
+    offset, pad = float(kw.get("index_offset", 0)), float(kw.get("padding_val", -1))
+    out = _dt.to_compute(dst.raw_values(None, "nisa.nonzero_with_count (destination)")).reshape(dst.shape[0], -1)
+    out = out.astype(F32, copy=True)
+    rows = range(0, min(v.shape[0], dst.shape[0]), GPSIMD_CORE_PARTITIONS)
+    for p in rows:
+        idx = np.flatnonzero(v[p] != 0)
+        out[p, :] = pad
+        out[p, :idx.size] = idx + offset
+        out[p, width] = idx.size
+    keep = np.zeros(dst.shape[0], dtype=bool)
+    keep[list(rows)] = True
+    dst.write(out.reshape(dst.shape), np.broadcast_to(keep.reshape((-1,) + (1,) * (len(dst.shape) - 1)), dst.shape),
+              what="nisa.nonzero_with_count (destination)")
+    return dst
+
+
 # ------------------------------------------------------------ top-8 search
 def max8(*args, **kwargs):
     """The 8 largest values of each partition, in descending order."""
