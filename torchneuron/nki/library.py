@@ -46,8 +46,9 @@ FAMILY_ROOT = "integration/nkilib"
 UNPUBLISHED = ("test.utils.scripts.remote_lock_scripts", "test.utils.perf_analysis_private")
 
 
-class CaseTimeout(Exception):
-    """A test case ran past the runner's time limit."""
+class CaseTimeout(BaseException):
+    """A test case ran past the runner's time limit (not an Exception, so that the harness's
+    ``except Exception`` around a kernel run does not swallow it)."""
 
 
 class _XdistHooks:
