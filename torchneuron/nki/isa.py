@@ -774,6 +774,41 @@ def dma_transpose(*args, **kwargs):
     return dst
 
 
+def range_select(*args, **kwargs):
+    """Keep the elements of ``on_true_tile`` whose free index plus ``range_start`` satisfies
+    ``comp_op0(i, bound0)`` and ``comp_op1(i, bound1)`` (bounds: one value per partition), put
+    ``on_false_value`` elsewhere (Vector Engine, NeuronCore-v3 and newer).  With ``reduce_res``
+    the results are also reduced along the free axes with ``reduce_op`` (``reduce_cmd`` as for
+    ``tensor_scalar_reduce``)."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "on_true_tile", "comp_op0", "comp_op1", "bound0", "bound1"], args):
+        if n in kw:
+            raise TypeError(f"nisa.range_select: argument {n!r} given twice")
+        kw[n] = a
+    if current().launch.target.generation < 3:
+        raise NKITypeError("nisa.range_select needs NeuronCore-v3 or newer")
+    v, d = _values(_tile(kw.get("on_true_tile"), "range_select on_true_tile"), "nisa.range_select")
+    flat = v.reshape(v.shape[0], -1)
+    index = np.arange(flat.shape[1], dtype=F32)[None, :] + F32(kw.get("range_start", 0.0))
+    keep = np.ones(flat.shape, dtype=bool)
+    for op_name, bound_name in (("comp_op0", "bound0"), ("comp_op1", "bound1")):
+        b, _ = _values(kw.get(bound_name), bound_name)
+        b = np.asarray(b, dtype=F32)
+        b = b.reshape(-1, 1) if b.ndim else b
+        keep &= np.asarray(_ops.resolve_binary(kw.get(op_name))(index, b), dtype=bool)
+    out = np.where(keep, flat, F32(kw.get("on_false_value", 0.0))).astype(F32)
+    reduce_res = kw.get("reduce_res")
+    if reduce_res is not None:
+        op = kw.get("reduce_op", np.maximum)
+        partial = _free_reduce(op, out)
+        cmd = kw.get("reduce_cmd", reduce_cmd.idle)
+        reg = _accumulate(engine.vector, op, partial.astype(F32),
+                          reduce_cmd.reset_reduce if cmd is reduce_cmd.idle else cmd)
+        _write_reduce_res(reduce_res, reg)
+    dst = kw.get("dst")
+    return _emit(dst, out.reshape(v.shape), (dst.dtype if dst is not None else d), name="range_select")
+
+
 # ------------------------------------------------- cross-partition movement
 QUADRANT = 32
 SHUFFLE_KEEP = 255  # a shuffle_mask entry that leaves its destination partition unmodified
