@@ -1020,5 +1020,68 @@ def nc_find_index8(*args, **kwargs):
     return _emit(dst, idx, kw.get("dtype") or _dt.uint32, name="nc_find_index8")
 
 
+def nc_match_replace8(*args, **kwargs):
+    """Replace, in each partition of ``data``, the first occurrence of each of the 8 ``vals`` with
+    ``imm`` (Vector Engine) into ``dst``; ``dst_idx`` gets the positions.  The values are taken in
+    reverse order (7 down to 0), each matching the first position not matched yet, so repeated
+    values pair with ascending positions from the highest slot down.  A value with no match leaves
+    its ``dst_idx`` slot unmodified."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "data", "vals", "imm", "dst_idx"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nc_match_replace8: argument {n!r} given twice")
+        kw[n] = a
+    v, d = _values(_tile(kw.get("data"), "nc_match_replace8 data"), "nisa.nc_match_replace8")
+    vals, _ = _values(_tile(kw.get("vals"), "nc_match_replace8 vals"), "nisa.nc_match_replace8")
+    flat = v.reshape(v.shape[0], -1).astype(F32, copy=True)
+    vals = vals.reshape(vals.shape[0], -1)
+    if vals.shape[1] < 8:
+        raise NKITypeError(f"nisa.nc_match_replace8: vals needs 8 values per partition, it has {vals.shape[1]}")
+    imm = F32(kw.get("imm"))
+    dst_idx = kw.get("dst_idx")
+    idx = None
+    if dst_idx is not None:
+        idx = _dt.to_compute(_tile(dst_idx, "nc_match_replace8 dst_idx").raw_values(None, "dst_idx")
+                             ).reshape(flat.shape[0], -1).astype(F32, copy=True)
+    matched = np.zeros(flat.shape, dtype=bool)
+    for i in range(7, -1, -1):
+        hit = (flat == vals[:, i:i + 1]) & ~matched
+        found = hit.any(axis=1)
+        pos = np.argmax(hit, axis=1)
+        rows = np.flatnonzero(found)
+        matched[rows, pos[rows]] = True
+        if idx is not None:
+            idx[rows, i] = pos[rows]
+    flat[matched] = imm
+    if idx is not None:
+        dst_idx.write(idx.reshape(dst_idx.shape), what="nisa.nc_match_replace8 (dst_idx)")
+    return _emit(kw.get("dst"), flat.reshape(v.shape), kw.get("dtype") or d, name="nc_match_replace8")
+
+
+def nc_n_gather(*args, **kwargs):
+    """``dst[p, ...] = data[p].flatten()[indices[p, ...]]`` within each partition (GpSimd Engine; the
+    bits move unchanged).  ``indices`` are uint32 and give ``dst``'s shape."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "data", "indices"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nc_n_gather: argument {n!r} given twice")
+        kw[n] = a
+    dst = _tile(kw.get("dst"), "nc_n_gather dst")
+    data = _tile(kw.get("data"), "nc_n_gather data")
+    ind = _tile(kw.get("indices"), "nc_n_gather indices")
+    for t, what in ((dst, "dst"), (data, "data"), (ind, "indices")):
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"nisa.nc_n_gather: {what} must be in SBUF, not {t.buffer.value}")
+    if _dt.name(dst.dtype) != _dt.name(data.dtype):
+        raise NKITypeError(f"nisa.nc_n_gather: dst ({_dt.name(dst.dtype)}) must have data's dtype "
+                           f"({_dt.name(data.dtype)})")
+    flat = data.raw_values(None, "nisa.nc_n_gather (data)").reshape(data.shape[0], -1)
+    i = np.asarray(ind.raw_values(None, "nisa.nc_n_gather (indices)")).astype(np.int64).reshape(ind.shape[0], -1)
+    if i.size and (i.min() < 0 or i.max() >= flat.shape[1]):
+        raise NKIOutOfBoundsError(f"nisa.nc_n_gather: indices outside the {flat.shape[1]} elements of a partition")
+    dst.write(np.take_along_axis(flat, i, axis=1).reshape(dst.shape), what="nisa.nc_n_gather (destination)")
+    return dst
+
+
 # Every instruction is one step of a recorded trace (see trace.py).
 instructions(globals(), __name__, exclude={"get_nc_version", "get_nc_sub_version"})

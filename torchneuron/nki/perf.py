@@ -298,7 +298,7 @@ _SCALAR = {"activation", "activation_reduce", "softmax"}
 _ACTIVATION_FUNCS = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "gelu_apprx_tanh",
                      "gelu_apprx_sigmoid", "gelu_dx", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx",
                      "sin", "cos", "tan", "arctan", "square", "reciprocal"}
-_GPSIMD = {"iota", "affine_select", "tensor_partition_reduce", "rand", "nonzero_with_count"}
+_GPSIMD = {"iota", "affine_select", "tensor_partition_reduce", "rand", "nonzero_with_count", "nc_n_gather"}
 _PERF_MODE_OPS = {"tensor_copy", "tensor_scalar", "copy", "unary:copy", "assign", "broadcast_to", "memset",
                   "zeros", "ones", "full"}
 _TWO_INPUT = {"tensor_tensor", "scalar_tensor_tensor", "tensor_tensor_scan", "binary", "update", "where",
