@@ -64,7 +64,7 @@ def test_tensors_are_true_and_comparisons_of_values_have_no_truth():
         truth_of_a_comparison(np.ones((4, 4), np.float32))
 
 
-def test_isa_constants_module_names_the_isa_enumerations():
+def test_nested_module_names_isa_constants_and_collectives():
     code = textwrap.dedent("""
         import torchneuron.nki
         import nki.isa.constants as constants
@@ -72,6 +72,9 @@ def test_isa_constants_module_names_the_isa_enumerations():
         import nki.isa as nisa
         assert constants.oob_mode is nisa.oob_mode and dge_mode is nisa.dge_mode
         assert list(oob_mode.__members__) == ["error", "skip"]
+        from nki.collectives import ReplicaGroup
+        import nki.collectives
+        assert nki.collectives.rank_id() == 0
         print("ok")
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -71,7 +71,7 @@ class _SimulatorNki(types.ModuleType):
 def modules() -> dict:
     """The ``nki_cpu_simulator`` module tree, by its ``sys.modules`` names."""
     import torchneuron.nki as pkg
-    from . import compiler, dtypes, frontend, isa, isa_constants, language, typing
+    from . import collectives, compiler, dtypes, frontend, isa, isa_constants, language, typing
     builtin = _module("nki_cpu_simulator.nki.builtin",
                       "The simulator's builtins (the harness makes them ``builtins.builtin``): the language's "
                       "functions.", **{k: v for k, v in vars(language).items() if not k.startswith("_")})
@@ -81,13 +81,14 @@ def modules() -> dict:
     nki = _SimulatorNki("nki_cpu_simulator.nki", pkg.__doc__)
     nki.__path__ = []
     nki.__dict__.update(builtin=builtin, cpu_simulate=cpu_simulate, language=language, isa=isa, typing=typing,
-                        compiler=compiler)
+                        compiler=compiler, collectives=collectives)
     root = _module("nki_cpu_simulator", __doc__, nki=nki)
     root.__path__ = []
     return {
         "nki_cpu_simulator": root,
         "nki_cpu_simulator.nki": nki,
         "nki_cpu_simulator.nki.builtin": builtin,
+        "nki_cpu_simulator.nki.collectives": collectives,
         "nki_cpu_simulator.nki.compiler": compiler,
         "nki_cpu_simulator.nki.compiler.frontend": frontend,
         "nki_cpu_simulator.nki.isa": isa,

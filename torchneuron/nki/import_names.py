@@ -16,7 +16,7 @@ import sys
 import types
 
 _ROOTS = ("neuronxcc.nki", "nki")
-_SUBMODULES = ("language", "isa", "typing", "compiler")
+_SUBMODULES = ("language", "isa", "typing", "compiler", "collectives")
 # module names below the package that name another of its modules (nki.isa.constants holds the enumerations)
 _NESTED = {"isa.constants": "isa_constants", "language.dtypes": "dtypes", "compiler.frontend": "frontend"}
 
@@ -99,9 +99,9 @@ def _real_module(name):
 def install_import_aliases(force: bool = False, torch_xla: bool = True):
     """Make ``import neuronxcc.nki.language as nl`` / ``import nki.isa as nisa`` load this emulator,
     and (``torch_xla=True``) ``from torch_xla.core import xla_model as xm`` give the neuron device."""
-    from . import compiler, isa, language, typing
+    from . import collectives, compiler, isa, language, typing
     pkg = sys.modules["torchneuron.nki"]
-    subs = {"language": language, "isa": isa, "typing": typing, "compiler": compiler}
+    subs = {"language": language, "isa": isa, "typing": typing, "compiler": compiler, "collectives": collectives}
     for root in _ROOTS:
         existing = sys.modules.get(root)
         if existing is not None and existing is not pkg and not force:

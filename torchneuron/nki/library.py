@@ -195,8 +195,9 @@ def _prepare_imports(checkout):
         del sys.modules[name]
     cpu_simulator.install()
     # the harness's trace-only tests import the compiler front end under the name it is aliased to
-    from . import frontend
+    from . import collectives, frontend
     sys.modules.setdefault("nki.compiler.frontend", frontend)
+    sys.modules.setdefault("nki.collectives", collectives)
     # a few modules still import the beta-1 names (``neuronxcc.nki.typing``, the compiler's host dtypes)
     from .import_names import install_import_aliases
     install_import_aliases(torch_xla=False)
