@@ -130,3 +130,28 @@ def test_a_unary_operator_in_tensor_scalar_applies_to_the_data(rng):
     got = abs_max(x)
     np.testing.assert_array_equal(got[:, :32], np.abs(x))
     np.testing.assert_array_equal(got[:, 32], np.abs(x).max(axis=1))
+
+
+@dataclass
+class Unannotated(nl.NKIObject):
+    offset = None  # a class attribute, not a dataclass field
+    active = False
+
+
+@dataclass
+class Partial(nl.NKIObject):
+    rows: int
+    cols: int
+
+    def __post_init__(self):
+        self.size = self.rows * getattr(self, "cols", 1)
+
+
+def test_nki_objects_take_declared_attributes_by_keyword():
+    u = Unannotated(offset=4, active=True)
+    assert (u.offset, u.active) == (4, True) and Unannotated().offset is None
+    p = Partial(rows=3)  # a field left out: the object is built from the keywords given
+    assert p.rows == 3 and p.size == 3 and not hasattr(p, "cols")
+    assert Partial(2, 5).size == 10  # arguments that fit the dataclass use its __init__
+    with pytest.raises(TypeError, match=r"has no attribute\(s\) \['colour'\]"):
+        Partial(rows=1, colour=2)

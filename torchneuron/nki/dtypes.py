@@ -47,6 +47,12 @@ class Packed:
     def itemsize(self):
         return self.storage.itemsize
 
+    @property
+    def dtype(self):
+        """The NumPy dtype of host arrays of this type (its storage integer): NumPy takes any
+        object with a ``dtype`` as a dtype, so ``np.zeros(shape, nl.float8_e4m3fn_x4)`` works."""
+        return self.storage
+
     def unpack(self, raw: np.ndarray) -> np.ndarray:
         """float32 values, shape ``raw.shape + (4,)``."""
         raw = np.ascontiguousarray(raw, dtype=self.storage)

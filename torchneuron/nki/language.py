@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import ast
 import builtins
+import inspect
 import linecache
 import sys
 
@@ -620,8 +621,41 @@ class dtype(metaclass=_DTypeClass):  # noqa: N801  (upstream's name)
     one of the packed MX types, so ``isinstance(x, nl.dtype)`` accepts both."""
 
 
-class NKIObject:
+class _NKIObjectClass(type):
+    """Construction of NKI objects: the class's own ``__init__`` when the arguments fit it, else
+    keyword arguments that set attributes the class declares (an annotation or a class attribute),
+    the way NKI's object model builds them.  Library kernels rely on the second form: dataclasses
+    whose attributes are unannotated class attributes (``section_idx = None``), which have no
+    dataclass fields, and dataclasses built without some of their fields."""
+
+    def __call__(cls, *args, **kwargs):
+        try:
+            inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+        except TypeError:
+            pass
+        else:
+            return super().__call__(*args, **kwargs)
+        if args:
+            raise TypeError(f"{cls.__name__}: positional arguments {args!r} do not fit its __init__; "
+                            f"NKI objects take their attributes by keyword")
+        declared = set()
+        for klass in cls.__mro__:
+            declared.update(getattr(klass, "__annotations__", {}))
+            declared.update(k for k in vars(klass) if not k.startswith("__"))
+        unknown = sorted(set(kwargs) - declared)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no attribute(s) {unknown} to set")
+        obj = cls.__new__(cls)
+        for k, v in kwargs.items():
+            object.__setattr__(obj, k, v)
+        post_init = getattr(obj, "__post_init__", None)
+        if post_init is not None:
+            post_init()
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectClass):
     """Base class of user classes whose instances kernels take as arguments (configuration
-    dataclasses).  It adds nothing: the kernel reads the object's fields as Python values."""
+    objects, usually dataclasses); the kernel reads their attributes as Python values."""
 
     __slots__ = ()
