@@ -59,7 +59,7 @@ def truth_of_a_comparison(x):
 def test_tensors_are_true_and_comparisons_of_values_have_no_truth():
     assert isinstance(nl.float32, nl.dtype) and isinstance(nl.float8_e4m3fn_x4, nl.dtype)
     assert not isinstance(np.float32, nl.dtype) and nl.bool == np.bool_
-    assert nl.tensor is nki.NkiTensor and nki.dtype is nl.dtype
+    assert nl.tensor is nki.NkiTensor and nki.dtype.float8_e4m3 is nl.float8_e4m3
     with pytest.raises(NKITypeError, match="comparison has no truth value"):
         truth_of_a_comparison(np.ones((4, 4), np.float32))
 
@@ -72,6 +72,9 @@ def test_nested_module_names_isa_constants_and_collectives():
         import nki.isa as nisa
         assert constants.oob_mode is nisa.oob_mode and dge_mode is nisa.dge_mode
         assert list(oob_mode.__members__) == ["error", "skip"]
+        import nki.dtype as nt
+        import nki.language as nl
+        assert nt.float8_e4m3 == nl.float8_e4m3
         from nki.collectives import ReplicaGroup
         import nki.collectives
         assert nki.collectives.rank_id() == 0

@@ -68,7 +68,7 @@ def test_indices_outside_the_tensor_are_an_error(rng):
     idx = np.arange(16, dtype=np.uint32).reshape(16, 1)
     with pytest.raises(NKIOutOfBoundsError, match="indirect access pattern out of bounds"):
         gather_scatter(table, idx, np.arange(16, dtype=np.uint32).reshape(16, 1), 16)
-    with pytest.raises(NKITypeError, match="indirect_dim 3"):
+    with pytest.raises(NKITypeError, match="indirect_dim 3 is not an axis"):
         @nki.jit
         def bad_dim(t, s):
             s_sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)

@@ -24,8 +24,9 @@ answer_nki_when_not_installed()
 
 # upstream's beta-1 name of the tensor type (``def kernel(x: nki.tensor)``)
 tensor = NkiTensor
-# NKI 0.x's name of the dtype type (``def kernel(x, dtype: nki.dtype = nl.bfloat16)``)
-dtype = language.dtype
+# NKI 0.x's dtype module (``import nki.dtype as nt; nt.float8_e4m3``), also what kernels annotate
+# dtype parameters with (``def kernel(x, dtype: nki.dtype = nl.bfloat16)``)
+from . import dtypes as dtype  # noqa: E402
 
 
 __all__ = [

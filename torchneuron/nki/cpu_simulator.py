@@ -81,7 +81,7 @@ def modules() -> dict:
     nki = _SimulatorNki("nki_cpu_simulator.nki", pkg.__doc__)
     nki.__path__ = []
     nki.__dict__.update(builtin=builtin, cpu_simulate=cpu_simulate, language=language, isa=isa, typing=typing,
-                        compiler=compiler, collectives=collectives)
+                        compiler=compiler, collectives=collectives, dtype=dtypes)
     root = _module("nki_cpu_simulator", __doc__, nki=nki)
     root.__path__ = []
     return {

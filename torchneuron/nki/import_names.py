@@ -19,6 +19,8 @@ _ROOTS = ("neuronxcc.nki", "nki")
 _SUBMODULES = ("language", "isa", "typing", "compiler", "collectives")
 # module names below the package that name another of its modules (nki.isa.constants holds the enumerations)
 _NESTED = {"isa.constants": "isa_constants", "language.dtypes": "dtypes", "compiler.frontend": "frontend"}
+# module names directly below the package that name another of its modules
+_ALIASED = {"dtype": "dtypes"}
 
 
 def _enter_nested(root, sub):
@@ -153,9 +155,9 @@ class _NkiFinder:
             if installed is not None and installed.loader is not None:
                 return None  # an installed nki (a bare directory named nki, a namespace package, is not one)
             module = sys.modules["torchneuron.nki"]
-        elif name.startswith("nki.") and name[4:] in _SUBMODULES and sys.modules.get("nki") is sys.modules.get(
-                "torchneuron.nki"):
-            module = importlib.import_module("torchneuron.nki." + name[4:])
+        elif name.startswith("nki.") and (name[4:] in _SUBMODULES or name[4:] in _ALIASED) and sys.modules.get(
+                "nki") is sys.modules.get("torchneuron.nki"):
+            module = importlib.import_module("torchneuron.nki." + _ALIASED.get(name[4:], name[4:]))
             _enter_nested("nki", name[4:])
         else:
             return None

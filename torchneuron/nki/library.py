@@ -218,6 +218,9 @@ def _prepare_imports(checkout):
 def run_suite(checkout, machine, pytest_args, timeout, report_path, per_test=0):
     """Run the suite in this process for one machine; write the cases to ``report_path``."""
     checkout = os.path.abspath(checkout)
+    # kernels the suite launches outside cpu_simulate (wrappers, the trace front end) run on it too
+    from .machine import set_machine
+    set_machine(machine)
     _prepare_imports(checkout)
     recorder = _Recorder(timeout, per_test, report_path, machine)
     paths = [a for a in pytest_args if not a.startswith("-") and os.path.exists(os.path.join(checkout, a))]

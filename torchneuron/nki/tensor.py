@@ -416,9 +416,12 @@ class NkiTensor:
             raise NKITypeError(".ap(): give at most one of scalar_offset and vector_offset")
         shape = tuple(self._alloc.data.shape)
         dim = int(indirect_dim)
-        if not 0 <= dim < len(shape):
-            raise NKITypeError(f".ap(): indirect_dim {dim} is not an axis of the {len(shape)}-d tensor {shape}")
-        stride = int(math.prod(shape[dim + 1:]))
+        if not 0 <= dim < max(len(shape), len(pattern)):
+            raise NKITypeError(f".ap(): indirect_dim {dim} is not an axis of the {len(shape)}-d tensor {shape} "
+                               f"or of the {len(pattern)}-d pattern")
+        # a tensor of fewer axes than the pattern is seen with leading axes of size one
+        padded = (1,) * max(0, dim + 1 - len(shape)) + shape
+        stride = int(math.prod(padded[dim + 1:]))
         source = scalar_offset if scalar_offset is not None else vector_offset
         if not isinstance(source, NkiTensor) or not source.buffer.on_chip:
             raise NKITypeError(f".ap(): {'scalar' if scalar_offset is not None else 'vector'}_offset must be an "
