@@ -4,6 +4,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 from torchneuron.nki import host_dtypes as dt
 
@@ -31,3 +33,23 @@ def test_sizes_kinds_and_limits():
     assert dt.finfo(nl.float8_e4m3fn).max == 448 and dt.finfo(nl.float8_e5m2_x4).max == 57344
     with pytest.raises(TypeError, match="not a floating-point type"):
         dt.finfo(np.int8)
+
+
+@nki.jit(target="trn3")
+def pass_through(x):
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    nisa.dma_copy(dst=out, src=x)
+    return out
+
+
+def test_packed_host_arrays_keep_their_type_through_a_kernel_and_unpack(rng):
+    x = rng.standard_normal((8, 16)).astype(np.float32)
+    packed = dt.static_cast(x, nl.float8_e5m2_x4)
+    assert packed.packed is nl.float8_e5m2_x4 and packed[2:4].packed is nl.float8_e5m2_x4
+    out = pass_through(packed)
+    assert out.packed is nl.float8_e5m2_x4 and out.dtype == np.uint32
+    np.testing.assert_array_equal(out.view(np.ndarray), packed.view(np.ndarray))
+    back = dt.static_cast(out, np.float32)
+    assert back.shape == (8, 16)
+    np.testing.assert_array_equal(back, x.astype(ml_dtypes.float8_e5m2).astype(np.float32))
+    assert type(packed + 1) is np.ndarray  # arithmetic on storage integers is not a pack

@@ -7,9 +7,10 @@ name from this emulator's dtypes (``dtypes.py``); ``python -m
 torchneuron.nki.library`` enters it as ``neuron_dtypes`` when no such package
 is installed.
 
-A packed MX x4 array on the host holds its storage integers (``uint32`` for
-fp8 x4, ``uint16`` for fp4 x4), four values per element, the last axis a
-quarter of the unpacked one.
+A packed MX x4 array on the host is a ``PackedArray``: its storage integers
+(``uint32`` for fp8 x4, ``uint16`` for fp4 x4), four values per element, the
+last axis a quarter of the unpacked one, with its type kept; casting it to
+another type unpacks it.
 """
 from __future__ import annotations
 
@@ -28,12 +29,18 @@ def static_cast(array, dtype):
     Casting to an MX x4 type packs each four consecutive values of the last
     axis (which must be a multiple of 4) into one element."""
     normalized = _dt.normalize(dtype)
+    source = _dt.packed_type_of(array)
+    if source is not None:  # unpack: the last axis grows four times
+        values = source.unpack(np.asarray(array).view(np.ndarray))
+        values = values.reshape(values.shape[:-2] + (values.shape[-2] * 4,))
+        return values if normalized is source else static_cast(values, dtype)
     if isinstance(normalized, _dt.Packed):
         values = np.asarray(array, dtype=np.float32)
         if values.ndim == 0 or values.shape[-1] % 4:
             raise ValueError(f"static_cast to {normalized.name}: the last axis ({values.shape}) must be a "
                              f"multiple of 4, the values one element packs")
-        return normalized.pack(values.reshape(values.shape[:-1] + (values.shape[-1] // 4, 4)))
+        packed = normalized.pack(values.reshape(values.shape[:-1] + (values.shape[-1] // 4, 4)))
+        return _dt.PackedArray(packed, normalized)
     return _dt.static_cast(array, dtype)
 
 

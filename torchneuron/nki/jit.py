@@ -24,6 +24,7 @@ from .context import InstanceState, LaunchState, in_kernel, running
 from .errors import NKIError
 from .machine import Buffer, resolve_machine
 from .tensor import NkiTensor, wrap_host_array
+from . import dtypes as _dt
 from . import lnc
 from .trace import Recorder, TraceCache, counting
 
@@ -203,7 +204,10 @@ def _unwrap(value):
     if isinstance(value, NkiTensor):
         if value.buffer.on_chip:
             raise NKIError("a kernel can only return HBM tensors (declare outputs with buffer=nl.shared_hbm)")
-        return value._alloc.data if value._is_whole() else np.array(value.read())
+        out = value._alloc.data if value._is_whole() else np.array(value.read())
+        if isinstance(value.dtype, _dt.Packed):  # an MX x4 output keeps its type on the host
+            out = _dt.PackedArray(out, value.dtype)
+        return out
     if isinstance(value, tuple):
         return tuple(_unwrap(v) for v in value)
     if isinstance(value, list):

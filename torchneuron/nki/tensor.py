@@ -110,7 +110,10 @@ def wrap_host_array(array: np.ndarray, buffer: Buffer = Buffer.hbm, name: str = 
     """View a host (or device-aliased) array as an HBM tensor, without copying."""
     if not array.flags.c_contiguous:
         raise NKITypeError("HBM tensors must be C-contiguous; the launcher copies others in and out")
-    dtype = _dt.normalize(array.dtype)
+    packed = _dt.packed_type_of(array)
+    dtype = packed if packed is not None else _dt.normalize(array.dtype)
+    if packed is not None:
+        array = array.view(np.ndarray)
     alloc = Allocation(array, buffer, dtype, 0, name)
     alloc.written = True
     return NkiTensor(alloc, array, None, None, 0)
