@@ -54,8 +54,10 @@ class DynSlice:
         return f"ds({self.start}, {self.size})"
 
 
-def _check_tile_shape(shape, par, buffer, what):
-    """Enforce the partition and PSUM free-size limits on an on-chip tile."""
+def _check_tile_shape(shape, par, buffer, what, dtype=None, machine=None):
+    """Enforce the partition and PSUM free-size limits on an on-chip tile.  A PSUM tile's partition
+    fits one 2 KiB bank: 512 four-byte elements, or 1024 two-byte ones on machines that store 2-byte
+    types in PSUM at their width (NeuronCore-v4)."""
     if not buffer.on_chip:
         return
     partitions = int(shape[par]) if len(shape) > par else 1
@@ -64,8 +66,11 @@ def _check_tile_shape(shape, par, buffer, what):
                             f"partition dimension of {what} {tuple(shape)}")
     if buffer is Buffer.psum:
         free = int(math.prod(shape[par + 1:]))
-        if free > TileSize.psum_fmax:
-            raise NKILimitError("nl.tile_size.psum_fmax", free, TileSize.psum_fmax,
+        limit = TileSize.psum_fmax
+        if dtype is not None and machine is not None and machine.bf16_psum and _dt.itemsize(dtype) == 2:
+            limit = TileSize.psum_bank_fmax_bytes // 2
+        if free > limit:
+            raise NKILimitError("nl.tile_size.psum_fmax", free, limit,
                                 f"PSUM free size (elements per partition) of {what} {tuple(shape)}")
 
 
@@ -82,7 +87,8 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=
         clean.append(int(s))
     shape = tuple(clean)
     if buffer.on_chip:
-        _check_tile_shape(shape, par, buffer, f"{buffer.value} tensor {name}".rstrip())
+        _check_tile_shape(shape, par, buffer, f"{buffer.value} tensor {name}".rstrip(), dtype,
+                          state.launch.target)
     if values is not None:
         data = np.ascontiguousarray(_dt.from_compute(np.broadcast_to(values, shape), dtype))
         if data.base is not None or not data.flags.writeable:
