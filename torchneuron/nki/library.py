@@ -17,7 +17,8 @@ interpreter:
 * pytest runs ``test/integration`` (or the paths given) with
   ``--test-mode simulation --platform-target <machine>``; the suite itself
   skips its large shapes in simulation mode;
-* each test case has a time limit (``--timeout``).
+* each test case has a time limit (``--timeout``) and the run an address-space limit
+  (``--max-memory``), so that a case too large for the host fails alone.
 
 It prints, per kernel family (a test directory under
 ``test/integration/nkilib``), the test cases run, passed, failed and skipped,
@@ -215,8 +216,22 @@ def _prepare_imports(checkout):
             library_stand_ins.install_missing([*parents, name], f"{name} (not in the published checkout)")
 
 
-def run_suite(checkout, machine, pytest_args, timeout, report_path, per_test=0):
+def limit_memory(gib):
+    """Cap this process's address space, so that a case whose inputs do not fit fails with a
+    MemoryError instead of the whole run being killed by the system (the suite's largest shapes
+    need tens of GiB on the host)."""
+    import resource
+    limit = int(gib * 2 ** 30)
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+
+
+def run_suite(checkout, machine, pytest_args, timeout, report_path, per_test=0, max_memory_gib=None):
     """Run the suite in this process for one machine; write the cases to ``report_path``."""
+    if max_memory_gib:
+        limit_memory(max_memory_gib)
     checkout = os.path.abspath(checkout)
     # kernels the suite launches outside cpu_simulate (wrappers, the trace front end) run on it too
     from .machine import set_machine
@@ -280,6 +295,8 @@ def main(argv=None):
     p.add_argument("--timeout", type=int, default=600, help="seconds per test case (default 600)")
     p.add_argument("--per-test", type=int, default=0, metavar="K",
                    help="run only the K smallest cases of each test function (default: every case)")
+    p.add_argument("--max-memory", type=float, default=8.0, metavar="GIB",
+                   help="address space per machine's run, in GiB (default 8; 0: no limit)")
     p.add_argument("--json", help="write every case's outcome, per machine, to this file")
     p.add_argument("--reasons", type=int, default=3, help="failure reasons listed per family")
     p.add_argument("--child-report", help=argparse.SUPPRESS)
@@ -289,7 +306,8 @@ def main(argv=None):
         p.error(f"{checkout} is not an nki-library checkout (no {INTEGRATION})")
     machines = args.machine or ["trn2", "trn3"]
     if args.child_report:
-        status = run_suite(checkout, machines[0], pytest_args, args.timeout, args.child_report, args.per_test)
+        status = run_suite(checkout, machines[0], pytest_args, args.timeout, args.child_report, args.per_test,
+                           args.max_memory)
         return 0 if status in (0, 5) else 1
     results, failed = {}, 0
     for machine in machines:
@@ -297,7 +315,8 @@ def main(argv=None):
             report = f.name
         started = time.perf_counter()
         cmd = [sys.executable, "-m", "torchneuron.nki.library", checkout, "--machine", machine,
-               "--timeout", str(args.timeout), "--per-test", str(args.per_test), "--child-report", report,
+               "--timeout", str(args.timeout), "--per-test", str(args.per_test), "--max-memory",
+               str(args.max_memory), "--child-report", report,
                "--", *pytest_args]
         env = dict(os.environ, NEURON_LAUNCH_BLOCKING="1")
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
