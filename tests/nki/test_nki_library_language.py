@@ -158,3 +158,14 @@ def test_nki_objects_take_declared_attributes_by_keyword():
     assert Partial(2, 5).size == 10  # arguments that fit the dataclass use its __init__
     with pytest.raises(TypeError, match=r"has no attribute\(s\) \['colour'\]"):
         Partial(rows=1, colour=2)
+
+
+class Plain(nl.NKIObject):
+    """Not a dataclass: annotations only, as the library's configuration classes."""
+    io_dtype: object
+    accumulate: bool = False
+
+
+def test_a_plain_nki_object_takes_its_annotated_attributes():
+    p = Plain(io_dtype=nl.bfloat16)
+    assert p.io_dtype == nl.bfloat16 and p.accumulate is False

@@ -629,12 +629,13 @@ class _NKIObjectClass(type):
     dataclass fields, and dataclasses built without some of their fields."""
 
     def __call__(cls, *args, **kwargs):
-        try:
-            inspect.signature(cls.__init__).bind(None, *args, **kwargs)
-        except TypeError:
-            pass
-        else:
-            return super().__call__(*args, **kwargs)
+        if cls.__init__ is not object.__init__ or not (args or kwargs):  # object's takes no arguments
+            try:
+                inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+            except TypeError:
+                pass
+            else:
+                return super().__call__(*args, **kwargs)
         if args:
             raise TypeError(f"{cls.__name__}: positional arguments {args!r} do not fit its __init__; "
                             f"NKI objects take their attributes by keyword")
