@@ -64,3 +64,17 @@ def test_the_kernel_sees_the_machine(monkeypatch):
     assert os.environ["TORCHNEURON_MACHINE"] == "trn2"
     assert machine_facts(x).tolist() == [[3, 224, 28]]
     assert nki.jit(machine_facts.fn, target="trn3")(x).tolist() == [[4, 256, 32]]
+
+
+def test_a_psum_bank_holds_1024_two_byte_elements_on_neuroncore_v4():
+    import torchneuron.nki as nki
+    import torchneuron.nki.language as nl
+
+    def kernel(x):
+        acc = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.psum)
+        return x
+
+    x = np.zeros((1, 1), np.float32)
+    nki.jit(kernel, target="trn3")(x)
+    with pytest.raises(nki.NKILimitError, match="maximum is 512"):
+        nki.jit(kernel, target="trn2")(x)

@@ -24,13 +24,17 @@ answer_nki_when_not_installed()
 
 # upstream's beta-1 name of the tensor type (``def kernel(x: nki.tensor)``)
 tensor = NkiTensor
+# NKI 0.x's dtype module (``import nki.dtype as nt; nt.float8_e4m3``), also what kernels annotate
+# dtype parameters with (``def kernel(x, dtype: nki.dtype = nl.bfloat16)``)
+from . import dtypes as dtype  # noqa: E402
+
 
 __all__ = [
     "jit", "baremetal", "benchmark", "profile", "simulate", "simulate_kernel", "Kernel", "run_on_host_buffers",
     "register_adapter", "install_import_aliases", "uninstall_import_aliases",
     "estimate", "timeline", "set_machine", "get_machine", "MACHINES", "Machine",
     "NKIError", "NKILimitError", "NKIOutOfBoundsError", "NKITypeError",
-    "NkiTensor", "tensor", "Buffer", "TileSize", "TARGETS", "language", "isa", "compiler", "typing", "nki_op",
+    "NkiTensor", "tensor", "dtype", "Buffer", "TileSize", "TARGETS", "language", "isa", "compiler", "typing", "nki_op",
 ]
 
 

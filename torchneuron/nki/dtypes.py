@@ -47,6 +47,12 @@ class Packed:
     def itemsize(self):
         return self.storage.itemsize
 
+    @property
+    def dtype(self):
+        """The NumPy dtype of host arrays of this type (its storage integer): NumPy takes any
+        object with a ``dtype`` as a dtype, so ``np.zeros(shape, nl.float8_e4m3fn_x4)`` works."""
+        return self.storage
+
     def unpack(self, raw: np.ndarray) -> np.ndarray:
         """float32 values, shape ``raw.shape + (4,)``."""
         raw = np.ascontiguousarray(raw, dtype=self.storage)
@@ -68,6 +74,31 @@ class Packed:
 
     def __reduce__(self):
         return self.name
+
+
+class PackedArray(np.ndarray):
+    """A host array of an MX x4 type: its storage integers, with the type (``.packed``) kept, so that
+    host code can tell the values apart from plain integers (``host_dtypes.static_cast`` unpacks
+    them, a kernel sees an HBM tensor of that type, a kernel's output of that type comes back as
+    one).  Views and slices keep the type; arithmetic gives plain arrays."""
+
+    def __new__(cls, storage_array, packed):
+        obj = np.asarray(storage_array, dtype=packed.storage).view(cls)
+        obj.packed = packed
+        return obj
+
+    def __array_finalize__(self, obj):
+        self.packed = getattr(obj, "packed", None)
+
+    def __array_wrap__(self, out, context=None, return_scalar=False):
+        # results of arithmetic are numbers, not packs
+        out = np.asarray(out)
+        return out[()] if return_scalar else out
+
+
+def packed_type_of(array):
+    """The MX x4 type of a host array, or None."""
+    return getattr(array, "packed", None) if isinstance(array, PackedArray) else None
 
 
 float8_e5m2_x4 = Packed("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8)

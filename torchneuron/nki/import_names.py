@@ -16,7 +16,22 @@ import sys
 import types
 
 _ROOTS = ("neuronxcc.nki", "nki")
-_SUBMODULES = ("language", "isa", "typing", "compiler")
+_SUBMODULES = ("language", "isa", "typing", "compiler", "collectives")
+# module names below the package that name another of its modules (nki.isa.constants holds the enumerations)
+_NESTED = {"isa.constants": "isa_constants", "language.dtypes": "dtypes", "compiler.frontend": "frontend"}
+# module names directly below the package that name another of its modules
+_ALIASED = {"dtype": "dtypes"}
+
+
+def _enter_nested(root, sub):
+    """Enter the modules nested below ``root.sub`` (``nki.isa.constants``) in ``sys.modules``: their
+    parents are plain modules, which the import system cannot search for submodules."""
+    for key, target in _NESTED.items():
+        if key.startswith(sub + "."):
+            module = importlib.import_module("torchneuron.nki." + target)
+            sys.modules[f"{root}.{key}"] = module
+            # ``import nki.isa.constants as c`` reads the attribute of the parent module
+            setattr(importlib.import_module("torchneuron.nki." + sub), key.split(".")[-1], module)
 _XLA = ("torch_xla", "torch_xla.core", "torch_xla.core.xla_model")
 
 
@@ -86,9 +101,9 @@ def _real_module(name):
 def install_import_aliases(force: bool = False, torch_xla: bool = True):
     """Make ``import neuronxcc.nki.language as nl`` / ``import nki.isa as nisa`` load this emulator,
     and (``torch_xla=True``) ``from torch_xla.core import xla_model as xm`` give the neuron device."""
-    from . import compiler, isa, language, typing
+    from . import collectives, compiler, isa, language, typing
     pkg = sys.modules["torchneuron.nki"]
-    subs = {"language": language, "isa": isa, "typing": typing, "compiler": compiler}
+    subs = {"language": language, "isa": isa, "typing": typing, "compiler": compiler, "collectives": collectives}
     for root in _ROOTS:
         existing = sys.modules.get(root)
         if existing is not None and existing is not pkg and not force:
@@ -97,6 +112,7 @@ def install_import_aliases(force: bool = False, torch_xla: bool = True):
         sys.modules[root] = pkg
         for name, mod in subs.items():
             sys.modules[f"{root}.{name}"] = mod
+            _enter_nested(root, name)
     if "neuronxcc" not in sys.modules or force:
         parent = types.ModuleType("neuronxcc")
         parent.nki = pkg
@@ -119,7 +135,8 @@ def uninstall_import_aliases():
     for key in list(sys.modules):
         mod = sys.modules[key]
         if key == "neuronxcc" or any(key == r or key.startswith(r + ".") for r in _ROOTS):
-            if mod is pkg or key.split(".")[-1] in _SUBMODULES or getattr(mod, "_torchneuron_alias", False):
+            nested = any(key == f"{r}.{n}" for r in _ROOTS for n in _NESTED)
+            if mod is pkg or key.split(".")[-1] in _SUBMODULES or nested or getattr(mod, "_torchneuron_alias", False):
                 del sys.modules[key]
         elif key in _XLA and getattr(mod, "_torchneuron_alias", False):
             del sys.modules[key]
@@ -138,9 +155,10 @@ class _NkiFinder:
             if installed is not None and installed.loader is not None:
                 return None  # an installed nki (a bare directory named nki, a namespace package, is not one)
             module = sys.modules["torchneuron.nki"]
-        elif name.startswith("nki.") and name[4:] in _SUBMODULES and sys.modules.get("nki") is sys.modules.get(
-                "torchneuron.nki"):
-            module = importlib.import_module("torchneuron.nki." + name[4:])
+        elif name.startswith("nki.") and (name[4:] in _SUBMODULES or name[4:] in _ALIASED) and sys.modules.get(
+                "nki") is sys.modules.get("torchneuron.nki"):
+            module = importlib.import_module("torchneuron.nki." + _ALIASED.get(name[4:], name[4:]))
+            _enter_nested("nki", name[4:])
         else:
             return None
         return importlib.util.spec_from_loader(name, _Existing(module), is_package=name == "nki")

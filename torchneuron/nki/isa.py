@@ -18,8 +18,9 @@ import numpy as np
 from . import dtypes as _dt
 from . import ops as _ops
 from .context import current
-from .errors import NKILimitError, NKITypeError
+from .errors import NKILimitError, NKIOutOfBoundsError, NKITypeError
 from .machine import Buffer, TileSize
+from .registers import VirtualRegister
 from .tensor import NkiTensor, align_to, allocate
 from .trace import instructions
 
@@ -53,7 +54,7 @@ class reduce_cmd(enum.Enum):
     load_reduce = "load_reduce"
 
 
-class nc_version(enum.Enum):
+class nc_version(enum.IntEnum):
     gen2 = 2
     gen3 = 3
     gen4 = 4
@@ -103,7 +104,8 @@ def _style(args, kwargs, old_kinds):
     'T' tile, 'F' operator, 'A' anything.
     """
     names = [n for n, _ in old_kinds]
-    new = "dst" in kwargs or len(args) > len(old_kinds)
+    # a positional argument whose beta-1 name is also given by keyword can only be the destination
+    new = "dst" in kwargs or len(args) > len(old_kinds) or any(n in kwargs for n in names[:len(args)])
     if not new:
         for a, (_, kind) in zip(args, old_kinds):
             if (kind == "T" and not isinstance(a, NkiTensor)) or (kind == "F" and isinstance(a, NkiTensor)):
@@ -419,7 +421,16 @@ def tensor_tensor(*args, **kwargs):
 
 
 def _apply(op, data, operand, reverse):
-    f = _ops.resolve_binary(op)
+    try:
+        f = _ops.resolve_binary(op)
+    except NKITypeError:
+        # a unary operator (``op0=nl.abs``) applies to the data; its operand must be the neutral 0
+        g = _ops.resolve_unary(op)
+        if np.ndim(operand) != 0 or float(operand) != 0.0:
+            raise NKITypeError(f"{getattr(op, '__name__', op)!r} is unary: as an operator of tensor_scalar its "
+                               f"operand must be 0.0, got {operand!r}") from None
+        with np.errstate(all="ignore"):
+            return np.asarray(g(data), dtype=F32)
     o = operand if np.ndim(operand) == 0 else align_to(operand, data.shape)
     with np.errstate(all="ignore"):
         return np.asarray(f(o, data) if reverse else f(data, o), dtype=F32)
@@ -704,6 +715,45 @@ def dma_copy(*args, **kwargs):
     return dst
 
 
+def dma_compute(*args, **kwargs):
+    """``dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...)`` in the DMA engines: each
+    source converted to float32, the sum rounded once to ``dst``'s dtype.  ``reduce_op`` is
+    ``nl.add`` and every scale 1.0 (None means all 1.0), as on the device.  A destination that is
+    also a source with a ``vector_offset`` is a read-modify-write scatter; its indices must be unique
+    (``unique_indices=True``)."""
+    kw = dict(kwargs)
+    names = ["dst", "srcs"]
+    if len(args) > 2 and isinstance(args[2], (list, tuple)):
+        names += ["scales", "reduce_op"]  # the older order: dst, srcs, scales, reduce_op
+    else:
+        names += ["reduce_op", "scales"]
+    for n, a in zip(names, args):
+        if n in kw:
+            raise TypeError(f"nisa.dma_compute: argument {n!r} given twice")
+        kw[n] = a
+    dst = _tile(kw.get("dst"), "dma_compute dst")
+    srcs = list(kw.get("srcs") or ())
+    if not srcs:
+        raise NKITypeError("nisa.dma_compute: srcs must list at least one tensor")
+    op = kw.get("reduce_op")
+    if _ops.resolve_binary(op) is not np.add:
+        raise NKITypeError(f"nisa.dma_compute: reduce_op must be nl.add, got {getattr(op, '__name__', op)!r}")
+    scales = kw.get("scales")
+    if scales is not None and (len(scales) != len(srcs) or any(float(x) != 1.0 for x in scales)):
+        raise NKITypeError(f"nisa.dma_compute: scales must be 1.0 for each of the {len(srcs)} sources, got {scales}")
+    total = None
+    for i, src in enumerate(srcs):
+        v = _dt.to_compute(_tile(src, f"dma_compute srcs[{i}]").raw_values(None, f"nisa.dma_compute (srcs[{i}])"))
+        v = align_to(v, dst.shape)
+        total = v.astype(F32) if total is None else (total + v).astype(F32)
+    key = getattr(dst, "_key", None)
+    if key is not None and kw.get("unique_indices", True) is False and np.unique(key).size != key.size:
+        raise NKITypeError("nisa.dma_compute: repeated destination indices with unique_indices=False are not "
+                           "supported by the emulator")
+    dst.write(total, what="nisa.dma_compute (destination)")
+    return dst
+
+
 def dma_transpose(*args, **kwargs):
     """Transpose while moving (2-D swap, or ``axes`` permutation)."""
     kw = dict(kwargs)
@@ -721,6 +771,231 @@ def dma_transpose(*args, **kwargs):
         t.write(out)
         return t
     dst.write(align_to(out, dst.shape))
+    return dst
+
+
+def range_select(*args, **kwargs):
+    """Keep the elements of ``on_true_tile`` whose free index plus ``range_start`` satisfies
+    ``comp_op0(i, bound0)`` and ``comp_op1(i, bound1)`` (bounds: one value per partition), put
+    ``on_false_value`` elsewhere (Vector Engine, NeuronCore-v3 and newer).  With ``reduce_res``
+    the results are also reduced along the free axes with ``reduce_op`` (``reduce_cmd`` as for
+    ``tensor_scalar_reduce``)."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "on_true_tile", "comp_op0", "comp_op1", "bound0", "bound1"], args):
+        if n in kw:
+            raise TypeError(f"nisa.range_select: argument {n!r} given twice")
+        kw[n] = a
+    if current().launch.target.generation < 3:
+        raise NKITypeError("nisa.range_select needs NeuronCore-v3 or newer")
+    v, d = _values(_tile(kw.get("on_true_tile"), "range_select on_true_tile"), "nisa.range_select")
+    flat = v.reshape(v.shape[0], -1)
+    index = np.arange(flat.shape[1], dtype=F32)[None, :] + F32(kw.get("range_start", 0.0))
+    keep = np.ones(flat.shape, dtype=bool)
+    for op_name, bound_name in (("comp_op0", "bound0"), ("comp_op1", "bound1")):
+        b, _ = _values(kw.get(bound_name), bound_name)
+        b = np.asarray(b, dtype=F32)
+        b = b.reshape(-1, 1) if b.ndim else b
+        keep &= np.asarray(_ops.resolve_binary(kw.get(op_name))(index, b), dtype=bool)
+    out = np.where(keep, flat, F32(kw.get("on_false_value", 0.0))).astype(F32)
+    reduce_res = kw.get("reduce_res")
+    if reduce_res is not None:
+        op = kw.get("reduce_op", np.maximum)
+        partial = _free_reduce(op, out)
+        cmd = kw.get("reduce_cmd", reduce_cmd.idle)
+        reg = _accumulate(engine.vector, op, partial.astype(F32),
+                          reduce_cmd.reset_reduce if cmd is reduce_cmd.idle else cmd)
+        _write_reduce_res(reduce_res, reg)
+    dst = kw.get("dst")
+    return _emit(dst, out.reshape(v.shape), (dst.dtype if dst is not None else d), name="range_select")
+
+
+# ------------------------------------------------- cross-partition movement
+QUADRANT = 32
+SHUFFLE_KEEP = 255  # a shuffle_mask entry that leaves its destination partition unmodified
+
+
+def nc_stream_shuffle(*args, **kwargs):
+    """Move partitions within each quadrant of 32 (Vector Engine): partition ``q*32 + i`` of ``dst``
+    receives partition ``q*32 + shuffle_mask[i]`` of ``src``, the same mask in every quadrant; an entry
+    of 255 leaves that destination partition unmodified.  ``nc_stream_shuffle(dst, src, shuffle_mask)``;
+    ``dst`` may be ``src`` (the source is read before anything is written).  The bits move unchanged,
+    so both tiles have one dtype and the same number of elements per partition."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "src", "shuffle_mask"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nc_stream_shuffle: argument {n!r} given twice")
+        kw[n] = a
+    dst, src = _tile(kw.get("dst"), "nc_stream_shuffle dst"), _tile(kw.get("src"), "nc_stream_shuffle src")
+    mask = [int(m) for m in kw.get("shuffle_mask", ())]
+    if len(mask) != QUADRANT or any(not (0 <= m < QUADRANT or m == SHUFFLE_KEEP) for m in mask):
+        raise NKITypeError(f"nisa.nc_stream_shuffle: shuffle_mask must list {QUADRANT} source partitions "
+                           f"(0..{QUADRANT - 1}, or {SHUFFLE_KEEP} to keep the destination's), got {mask}")
+    for t, what in ((dst, "dst"), (src, "src")):
+        if not t.buffer.on_chip:
+            raise NKITypeError(f"nisa.nc_stream_shuffle: {what} must be in SBUF or PSUM, not {t.buffer.value}")
+    if _dt.name(dst.dtype) != _dt.name(src.dtype):
+        raise NKITypeError(f"nisa.nc_stream_shuffle: dst ({_dt.name(dst.dtype)}) and src "
+                           f"({_dt.name(src.dtype)}) must have the same dtype")
+    per_partition = int(np.prod(dst.shape[1:], dtype=np.int64))
+    if per_partition != int(np.prod(src.shape[1:], dtype=np.int64)):
+        raise NKITypeError(f"nisa.nc_stream_shuffle: dst {tuple(dst.shape)} and src {tuple(src.shape)} must "
+                           f"have the same number of elements per partition")
+    vals = src.raw_values(None, "nisa.nc_stream_shuffle (source)").reshape(src.shape[0], -1)
+    rows = np.arange(dst.shape[0])
+    picked = np.asarray(mask)[rows % QUADRANT]
+    keep = picked == SHUFFLE_KEEP
+    source_rows = (rows // QUADRANT) * QUADRANT + np.where(keep, 0, picked)
+    if (~keep & (source_rows >= src.shape[0])).any():
+        bad = int(source_rows[~keep & (source_rows >= src.shape[0])][0])
+        raise NKIOutOfBoundsError(f"nisa.nc_stream_shuffle: source partition {bad} is outside src, which has "
+                                  f"{src.shape[0]} partitions")
+    out = vals[np.minimum(source_rows, src.shape[0] - 1)].reshape(dst.shape)
+    write_mask = np.broadcast_to((~keep).reshape((-1,) + (1,) * (len(dst.shape) - 1)), dst.shape)
+    dst.write(out, None if not keep.any() else write_mask, what="nisa.nc_stream_shuffle (destination)")
+    return dst
+
+
+# -------------------------------------------------------- virtual registers
+def register_alloc(x=None):
+    """A new virtual register, holding ``x`` (an integer or another register; 0 if None)."""
+    return VirtualRegister(0 if x is None else x)
+
+
+def register_move(dst, src=None, imm=None):
+    """Set register ``dst`` to a constant integer or another register's value."""
+    _register(dst, "register_move dst").set(src if src is not None else imm)
+    return dst
+
+
+def register_load(dst, src):
+    """Load the one 32-bit integer of tile ``src`` (HBM or SBUF) into register ``dst``."""
+    from .trace import active
+    reg = _register(dst, "register_load dst")
+    t = _tile(src, "register_load src")
+    vals = t.raw_values(None, "nisa.register_load")
+    if vals.size != 1:
+        raise NKITypeError(f"nisa.register_load: src must hold one element, it has {vals.size}")
+    rec = active()
+    if rec is not None:  # control flow may now follow the data
+        rec.poison("a register loaded from data (nisa.register_load)")
+    reg.set(int(np.asarray(_dt.to_compute(vals)).reshape(-1)[0]))
+    return dst
+
+
+def register_store(dst, src):
+    """Write register ``src``'s value into the one-element tile ``dst``."""
+    t = _tile(dst, "register_store dst")
+    if int(np.prod(t.shape, dtype=np.int64)) != 1:
+        raise NKITypeError(f"nisa.register_store: dst must hold one element, it has shape {tuple(t.shape)}")
+    t.write(np.full(t.shape, _register(src, "register_store src").value))
+    return dst
+
+
+def _register(r, what):
+    if not isinstance(r, VirtualRegister):
+        raise NKITypeError(f"{what} must be a register from nisa.register_alloc, got {r!r}")
+    return r
+
+
+# ------------------------------------------- the two cores of a logical core
+def _lnc_rank(what):
+    from . import lnc
+    from .trace import active
+    pair, rank = lnc.current_pair()
+    if pair is None:
+        raise NKITypeError(f"{what} exchanges data between the two cores of a logical NeuronCore: launch the "
+                           f"kernel with LNC degree 2 (kernel[2]), not grid {current().launch.grid}")
+    if current().launch.target.generation < 3:
+        raise NKITypeError(f"{what} needs NeuronCore-v3 or newer, not {current().launch.target.name}")
+    rec = active()
+    if rec is not None:  # what one core reads depends on the other's timing: no recorded program
+        rec.poison(f"{what} between the cores of a logical NeuronCore")
+    return pair, rank
+
+
+def sendrecv(*args, **kwargs):
+    """Send ``src`` to the ``dst`` of core ``send_to_rank`` while receiving core ``recv_from_rank``'s
+    ``src`` into this core's ``dst`` (DMA: the bits move unchanged; both tiles in SBUF, one dtype).
+    ``pipe_id``, ``dma_engine`` and ``name`` are accepted; transfers between two cores arrive in the
+    order they were sent."""
+    kw = dict(kwargs)
+    for n, a in zip(["src", "dst", "send_to_rank", "recv_from_rank", "pipe_id"], args):
+        if n in kw:
+            raise TypeError(f"nisa.sendrecv: argument {n!r} given twice")
+        kw[n] = a
+    src, dst = _tile(kw.get("src"), "sendrecv src"), _tile(kw.get("dst"), "sendrecv dst")
+    for t, what in ((src, "src"), (dst, "dst")):
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"nisa.sendrecv: {what} must be in SBUF, not {t.buffer.value}")
+    if _dt.name(src.dtype) != _dt.name(dst.dtype):
+        raise NKITypeError(f"nisa.sendrecv: src ({_dt.name(src.dtype)}) and dst ({_dt.name(dst.dtype)}) must "
+                           f"have the same dtype")
+    to, frm = int(kw.get("send_to_rank", -1)), int(kw.get("recv_from_rank", -1))
+    if to not in (0, 1) or frm not in (0, 1):
+        raise NKITypeError(f"nisa.sendrecv: send_to_rank and recv_from_rank must be 0 or 1, got {to} and {frm}")
+    pair, rank = _lnc_rank("nisa.sendrecv")
+    values = src.raw_values(None, "nisa.sendrecv (source)").copy()
+    pair.send(rank, to, values)
+    got = pair.receive(rank, frm, f"nisa.sendrecv from core {frm}")
+    if got.size != int(np.prod(dst.shape, dtype=np.int64)):
+        raise NKITypeError(f"nisa.sendrecv: core {frm} sent {got.size} elements into a dst of shape "
+                           f"{tuple(dst.shape)}")
+    dst.write(got.reshape(dst.shape), what="nisa.sendrecv (destination)")
+    return dst
+
+
+def core_barrier(*args, **kwargs):
+    """Wait until both cores of the logical NeuronCore have reached this barrier (their writes to
+    ``data``, a shared HBM tensor, before it are then visible to both).  ``cores`` must be (0, 1)."""
+    kw = dict(kwargs)
+    for n, a in zip(["data", "cores"], args):
+        kw[n] = a
+    cores = tuple(int(c) for c in kw.get("cores", (0, 1)))
+    if cores != (0, 1):
+        raise NKITypeError(f"nisa.core_barrier: only cores=(0, 1) is supported, got {cores}")
+    _tile(kw.get("data"), "core_barrier data")
+    pair, rank = _lnc_rank("nisa.core_barrier")
+    pair.barrier(rank, "nisa.core_barrier")
+    return None
+
+
+# ------------------------------------------------------ GpSimd index search
+GPSIMD_CORE_PARTITIONS = 16  # each GpSimd core serves 16 partitions and reads/writes the first
+
+
+def nonzero_with_count(*args, **kwargs):
+    """Indices of the nonzero elements of each row, then ``padding_val``, then their count (GpSimd).
+
+    Only partitions 0, 16, 32, ..., 112 are read and written (each GpSimd core uses the
+    first of its 16 partitions); the others of ``dst`` keep their values.  ``dst`` has one
+    more element per partition than ``src``: ``[indices + index_offset..., padding..., N]``."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "src", "index_offset", "padding_val"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nonzero_with_count: argument {n!r} given twice")
+        kw[n] = a
+    dst, src = _tile(kw.get("dst"), "nonzero_with_count dst"), _tile(kw.get("src"), "nonzero_with_count src")
+    if current().launch.target.generation < 3:
+        raise NKITypeError("nisa.nonzero_with_count needs NeuronCore-v3 or newer")
+    v, _ = _values(src, "nisa.nonzero_with_count")
+    v = v.reshape(v.shape[0], -1)
+    width = v.shape[1]
+    if int(np.prod(dst.shape[1:], dtype=np.int64)) != width + 1:
+        raise NKITypeError(f"nisa.nonzero_with_count: dst needs {width + 1} elements per partition (src's "
+                           f"{width} and the count), it has {int(np.prod(dst.shape[1:], dtype=np.int64))}")
+    offset, pad = float(kw.get("index_offset", 0)), float(kw.get("padding_val", -1))
+    out = _dt.to_compute(dst.raw_values(None, "nisa.nonzero_with_count (destination)")).reshape(dst.shape[0], -1)
+    out = out.astype(F32, copy=True)
+    rows = range(0, min(v.shape[0], dst.shape[0]), GPSIMD_CORE_PARTITIONS)
+    for p in rows:
+        idx = np.flatnonzero(v[p] != 0)
+        out[p, :] = pad
+        out[p, :idx.size] = idx + offset
+        out[p, width] = idx.size
+    keep = np.zeros(dst.shape[0], dtype=bool)
+    keep[list(rows)] = True
+    dst.write(out.reshape(dst.shape), np.broadcast_to(keep.reshape((-1,) + (1,) * (len(dst.shape) - 1)), dst.shape),
+              what="nisa.nonzero_with_count (destination)")
     return dst
 
 
@@ -743,6 +1018,69 @@ def nc_find_index8(*args, **kwargs):
     vals = vals.reshape(vals.shape[0], -1)[:, :8]
     idx = np.argmax(v[:, None, :] == vals[:, :, None], axis=2).astype(F32)
     return _emit(dst, idx, kw.get("dtype") or _dt.uint32, name="nc_find_index8")
+
+
+def nc_match_replace8(*args, **kwargs):
+    """Replace, in each partition of ``data``, the first occurrence of each of the 8 ``vals`` with
+    ``imm`` (Vector Engine) into ``dst``; ``dst_idx`` gets the positions.  The values are taken in
+    reverse order (7 down to 0), each matching the first position not matched yet, so repeated
+    values pair with ascending positions from the highest slot down.  A value with no match leaves
+    its ``dst_idx`` slot unmodified."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "data", "vals", "imm", "dst_idx"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nc_match_replace8: argument {n!r} given twice")
+        kw[n] = a
+    v, d = _values(_tile(kw.get("data"), "nc_match_replace8 data"), "nisa.nc_match_replace8")
+    vals, _ = _values(_tile(kw.get("vals"), "nc_match_replace8 vals"), "nisa.nc_match_replace8")
+    flat = v.reshape(v.shape[0], -1).astype(F32, copy=True)
+    vals = vals.reshape(vals.shape[0], -1)
+    if vals.shape[1] < 8:
+        raise NKITypeError(f"nisa.nc_match_replace8: vals needs 8 values per partition, it has {vals.shape[1]}")
+    imm = F32(kw.get("imm"))
+    dst_idx = kw.get("dst_idx")
+    idx = None
+    if dst_idx is not None:
+        idx = _dt.to_compute(_tile(dst_idx, "nc_match_replace8 dst_idx").raw_values(None, "dst_idx")
+                             ).reshape(flat.shape[0], -1).astype(F32, copy=True)
+    matched = np.zeros(flat.shape, dtype=bool)
+    for i in range(7, -1, -1):
+        hit = (flat == vals[:, i:i + 1]) & ~matched
+        found = hit.any(axis=1)
+        pos = np.argmax(hit, axis=1)
+        rows = np.flatnonzero(found)
+        matched[rows, pos[rows]] = True
+        if idx is not None:
+            idx[rows, i] = pos[rows]
+    flat[matched] = imm
+    if idx is not None:
+        dst_idx.write(idx.reshape(dst_idx.shape), what="nisa.nc_match_replace8 (dst_idx)")
+    return _emit(kw.get("dst"), flat.reshape(v.shape), kw.get("dtype") or d, name="nc_match_replace8")
+
+
+def nc_n_gather(*args, **kwargs):
+    """``dst[p, ...] = data[p].flatten()[indices[p, ...]]`` within each partition (GpSimd Engine; the
+    bits move unchanged).  ``indices`` are uint32 and give ``dst``'s shape."""
+    kw = dict(kwargs)
+    for n, a in zip(["dst", "data", "indices"], args):
+        if n in kw:
+            raise TypeError(f"nisa.nc_n_gather: argument {n!r} given twice")
+        kw[n] = a
+    dst = _tile(kw.get("dst"), "nc_n_gather dst")
+    data = _tile(kw.get("data"), "nc_n_gather data")
+    ind = _tile(kw.get("indices"), "nc_n_gather indices")
+    for t, what in ((dst, "dst"), (data, "data"), (ind, "indices")):
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"nisa.nc_n_gather: {what} must be in SBUF, not {t.buffer.value}")
+    if _dt.name(dst.dtype) != _dt.name(data.dtype):
+        raise NKITypeError(f"nisa.nc_n_gather: dst ({_dt.name(dst.dtype)}) must have data's dtype "
+                           f"({_dt.name(data.dtype)})")
+    flat = data.raw_values(None, "nisa.nc_n_gather (data)").reshape(data.shape[0], -1)
+    i = np.asarray(ind.raw_values(None, "nisa.nc_n_gather (indices)")).astype(np.int64).reshape(ind.shape[0], -1)
+    if i.size and (i.min() < 0 or i.max() >= flat.shape[1]):
+        raise NKIOutOfBoundsError(f"nisa.nc_n_gather: indices outside the {flat.shape[1]} elements of a partition")
+    dst.write(np.take_along_axis(flat, i, axis=1).reshape(dst.shape), what="nisa.nc_n_gather (destination)")
+    return dst
 
 
 # Every instruction is one step of a recorded trace (see trace.py).

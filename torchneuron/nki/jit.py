@@ -24,6 +24,8 @@ from .context import InstanceState, LaunchState, in_kernel, running
 from .errors import NKIError
 from .machine import Buffer, resolve_machine
 from .tensor import NkiTensor, wrap_host_array
+from . import dtypes as _dt
+from . import lnc
 from .trace import Recorder, TraceCache, counting
 
 # Adapters for framework tensors: objects with ``accepts(args, kwargs)`` and
@@ -153,9 +155,13 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
 
 
 def _interpret(fn, launch, points, wargs, wkwargs, rec):
-    """Run the kernel's Python once per grid point (recording its instructions if ``rec``)."""
-    result = None
-    for pid in points:
+    """Run the kernel's Python once per grid point (recording its instructions if ``rec``).
+
+    The two instances of an LNC-2 launch (grid ``(2,)``) run as the two cores of a
+    logical NeuronCore, which may exchange tiles and wait for each other (lnc.py)."""
+    results = {}
+
+    def run_instance(pid):
         if rec is not None:
             rec.begin_instance(pid)
         state = InstanceState(launch, pid)
@@ -165,10 +171,23 @@ def _interpret(fn, launch, points, wargs, wkwargs, rec):
             launch.profile.lives.append((pid, live))
             live.profile = launch.profile
         with running(state), counting(live):
-            result = fn(*wargs, **wkwargs)
+            results[pid] = fn(*wargs, **wkwargs)
         if live is not None:
             live.check()
-    return result
+
+    if launch.grid == lnc.PAIR:
+        def on_core_thread(pid):
+            prev = rec.attach_thread() if rec is not None else None
+            try:
+                run_instance(pid)
+            finally:
+                if rec is not None:
+                    rec.detach_thread(prev)
+        lnc.run_pair(on_core_thread, points)
+    else:
+        for pid in points:
+            run_instance(pid)
+    return results.get(points[-1])
 
 
 @functools.lru_cache(maxsize=None)
@@ -185,7 +204,10 @@ def _unwrap(value):
     if isinstance(value, NkiTensor):
         if value.buffer.on_chip:
             raise NKIError("a kernel can only return HBM tensors (declare outputs with buffer=nl.shared_hbm)")
-        return value._alloc.data if value._is_whole() else np.array(value.read())
+        out = value._alloc.data if value._is_whole() else np.array(value.read())
+        if isinstance(value.dtype, _dt.Packed):  # an MX x4 output keeps its type on the host
+            out = _dt.PackedArray(out, value.dtype)
+        return out
     if isinstance(value, tuple):
         return tuple(_unwrap(v) for v in value)
     if isinstance(value, list):

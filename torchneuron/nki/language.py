@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import ast
 import builtins
+import inspect
 import linecache
 import sys
 
@@ -141,16 +142,23 @@ def _buffer_of(x):
 
 
 def shared_identity_matrix(n, dtype=None, dst=None, **kwargs):
-    """An ``n x n`` identity matrix (uint8 by default): in HBM, or copied into ``dst`` (an SBUF tile)."""
-    t = shared_constant(np.eye(int(n)), dtype=dtype if dtype is not None else _dt.uint8)
+    """An ``n x n`` identity matrix (uint8 by default) in SBUF: a new tile, or written into ``dst``."""
+    eye = np.eye(int(n), dtype=np.float32)
     if dst is not None:
-        dst.write(t.read())
+        dst.write(eye)
         return dst
+    t = allocate(eye.shape, dtype if dtype is not None else _dt.uint8, Buffer.sbuf, "identity")
+    t.write(eye)
     return t
 
 
 def shared_constant(constant, dtype=None, **kwargs):
-    """An HBM tensor holding a host constant (e.g. an identity matrix)."""
+    """An HBM tensor holding a host constant: an array, or the path of a ``.npy`` file holding one."""
+    if isinstance(constant, (str, bytes)) or hasattr(constant, "__fspath__"):
+        try:
+            constant = np.load(constant, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise NKITypeError(f"nl.shared_constant: cannot read a .npy array from {constant!r}: {e}") from None
     arr = np.asarray(constant)
     dtype = _dt.normalize(dtype) if dtype is not None else _dt.normalize(arr.dtype)
     t = allocate(arr.shape, dtype, Buffer.hbm, "constant", values=arr.astype(np.float32) if not _dt.is_int(dtype) else arr)
@@ -195,15 +203,15 @@ def ds(start, size, step=1):
 def _range(*args, **kwargs):
     # Loop hints (directives, multi_buffer, ...) only steer the compiler's
     # scheduling; iterations run in order here, which is one legal schedule.
-    return range(*args)
+    return builtins.range(*args)
 
 
 def dynamic_range(start, stop=None, step=1, **kwargs):
-    """Loop whose bounds the device reads at run time; here the bounds are Python integers, so it runs
-    as a static loop (register-valued bounds are not emulated)."""
+    """Loop whose bounds the device reads at run time: integers or virtual registers
+    (``nisa.register_alloc``), whose current values are read when the loop starts."""
     if stop is None:
         start, stop = 0, start
-    return range(int(start), int(stop), int(step))
+    return builtins.range(int(start), int(stop), int(step))
 
 
 class no_reorder:
@@ -223,6 +231,11 @@ def affine_range(*args, **kwargs):
 
 def sequential_range(*args, **kwargs):
     """Loop whose iterations depend on each other."""
+    return _range(*args, **kwargs)
+
+
+def range(*args, **kwargs):  # noqa: A001  (upstream's name: ``for i in nl.range(n)``)
+    """NKI 0.x's loop range: iterations in order, as every loop kind here."""
     return _range(*args, **kwargs)
 
 
@@ -282,11 +295,11 @@ def _hbm_view(x, what):
 def _mask(mask, shape):
     if mask is None:
         return None
-    if isinstance(mask, (bool, np.bool_)):
-        return np.full(shape, bool(mask))
+    if isinstance(mask, (builtins.bool, np.bool_)):
+        return np.full(shape, builtins.bool(mask))
     if isinstance(mask, NkiTensor):
         raise NKITypeError("mask= must be a predicate on index grids or program ids, not a tile; use nl.where")
-    return align_to(np.asarray(mask, dtype=bool), shape)
+    return align_to(np.asarray(mask, dtype=np.bool_), shape)
 
 
 def load(src, mask=None, dtype=None, **kwargs):
@@ -566,9 +579,9 @@ def _assignment_target(filename, lineno):
     if key in _TARGET_CACHE:
         return _TARGET_CACHE[key]
     code = None
-    for start in range(lineno, builtins.max(0, lineno - 5), -1):
-        text = "".join(linecache.getline(filename, i) for i in range(start, lineno + 3)).strip()
-        for end in range(len(text), 0, -1):
+    for start in builtins.range(lineno, builtins.max(0, lineno - 5), -1):
+        text = "".join(linecache.getline(filename, i) for i in builtins.range(start, lineno + 3)).strip()
+        for end in builtins.range(len(text), 0, -1):
             try:
                 tree = ast.parse(text[:end])
             except SyntaxError:
@@ -586,9 +599,64 @@ def _assignment_target(filename, lineno):
 # Everything else a kernel calls touches tiles: one step of a recorded trace
 # (see trace.py).  These only compute indices, loop bounds and launch facts.
 instructions(globals(), __name__, exclude={
-    "par_dim", "arange", "ds", "affine_range", "sequential_range", "static_range", "dynamic_range", "program_id",
+    "par_dim", "arange", "ds", "range", "affine_range", "sequential_range", "static_range", "dynamic_range", "program_id",
     "num_programs", "program_ndim", "nc", "spmd_dim", "static_cast", "expand_dims", "loop_reduce",
     "is_psum", "is_sbuf", "is_hbm", "is_on_chip"})
 
 # upstream names of the memory constants
 MemoryRegion = Buffer
+
+# upstream names of types that kernels annotate with or derive from
+tensor = NkiTensor
+bool = bool_  # noqa: A001  (``nl.bool``, NKI 0.x's name of the boolean dtype)
+
+
+class _DTypeClass(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, (np.dtype, _dt.Packed, type(_dt.tfloat32)))
+
+
+class dtype(metaclass=_DTypeClass):  # noqa: N801  (upstream's name)
+    """``nl.dtype``: what kernels annotate dtype parameters with.  A dtype here is a NumPy dtype or
+    one of the packed MX types, so ``isinstance(x, nl.dtype)`` accepts both."""
+
+
+class _NKIObjectClass(type):
+    """Construction of NKI objects: the class's own ``__init__`` when the arguments fit it, else
+    keyword arguments that set attributes the class declares (an annotation or a class attribute),
+    the way NKI's object model builds them.  Library kernels rely on the second form: dataclasses
+    whose attributes are unannotated class attributes (``section_idx = None``), which have no
+    dataclass fields, and dataclasses built without some of their fields."""
+
+    def __call__(cls, *args, **kwargs):
+        if cls.__init__ is not object.__init__ or not (args or kwargs):  # object's takes no arguments
+            try:
+                inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+            except TypeError:
+                pass
+            else:
+                return super().__call__(*args, **kwargs)
+        if args:
+            raise TypeError(f"{cls.__name__}: positional arguments {args!r} do not fit its __init__; "
+                            f"NKI objects take their attributes by keyword")
+        declared = set()
+        for klass in cls.__mro__:
+            declared.update(getattr(klass, "__annotations__", {}))
+            declared.update(k for k in vars(klass) if not k.startswith("__"))
+        unknown = sorted(set(kwargs) - declared)
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no attribute(s) {unknown} to set")
+        obj = cls.__new__(cls)
+        for k, v in kwargs.items():
+            object.__setattr__(obj, k, v)
+        post_init = getattr(obj, "__post_init__", None)
+        if post_init is not None:
+            post_init()
+        return obj
+
+
+class NKIObject(metaclass=_NKIObjectClass):
+    """Base class of user classes whose instances kernels take as arguments (configuration
+    objects, usually dataclasses); the kernel reads their attributes as Python values."""
+
+    __slots__ = ()

@@ -290,15 +290,15 @@ def _gathered_geometry(keys, scale, P, inner, isz):
 
 # ------------------------------------------------------------------- costs
 
-_DMA = {"load", "store", "dma_copy", "load_transpose2d", "dma_transpose"}
+_DMA = {"load", "store", "dma_copy", "load_transpose2d", "dma_transpose", "dma_compute", "sendrecv"}
 _TRANSPOSING_DMA = {"load_transpose2d", "dma_transpose"}
-_FREE = {"ndarray", "ap", "view", "shared_constant", "device_print", "random_seed"}
+_FREE = {"ndarray", "ap", "view", "shared_constant", "device_print", "random_seed", "core_barrier"}
 _TENSOR = {"nc_matmul", "matmul", "nc_matmul_mx", "nc_transpose", "transpose"}
 _SCALAR = {"activation", "activation_reduce", "softmax"}
 _ACTIVATION_FUNCS = {"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "gelu_apprx_tanh",
                      "gelu_apprx_sigmoid", "gelu_dx", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx",
                      "sin", "cos", "tan", "arctan", "square", "reciprocal"}
-_GPSIMD = {"iota", "affine_select", "tensor_partition_reduce", "rand"}
+_GPSIMD = {"iota", "affine_select", "tensor_partition_reduce", "rand", "nonzero_with_count", "nc_n_gather"}
 _PERF_MODE_OPS = {"tensor_copy", "tensor_scalar", "copy", "unary:copy", "assign", "broadcast_to", "memset",
                   "zeros", "ones", "full"}
 _TWO_INPUT = {"tensor_tensor", "scalar_tensor_tensor", "tensor_tensor_scan", "binary", "update", "where",
@@ -455,6 +455,8 @@ def _dma_cost(rec, machine, reads, writes, base):
     if dst is None:
         return Cost("none")
     nbytes = max(dst.nbytes, src.nbytes if src is not None else 0)
+    if base == "dma_compute":  # every source is read through the DMA engines
+        nbytes = max(dst.nbytes, sum(a.nbytes for a in reads))
     run = min(dst.run, src.run if src is not None else dst.run)
     transposing = base in _TRANSPOSING_DMA
     eff = 1.0

@@ -21,12 +21,14 @@ that consumes the view.  The view remembers which elements are outside
 from __future__ import annotations
 
 import math
+import weakref
+
 import numpy as np
 
 from . import dtypes as _dt
 from .context import current
 from .trace import instruction, outside_instruction
-from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
+from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError, kernel_location
 from .machine import Allocation, Buffer, TileSize, new_storage, onchip_footprint
 
 
@@ -52,8 +54,10 @@ class DynSlice:
         return f"ds({self.start}, {self.size})"
 
 
-def _check_tile_shape(shape, par, buffer, what):
-    """Enforce the partition and PSUM free-size limits on an on-chip tile."""
+def _check_tile_shape(shape, par, buffer, what, dtype=None, machine=None):
+    """Enforce the partition and PSUM free-size limits on an on-chip tile.  A PSUM tile's partition
+    fits one 2 KiB bank: 512 four-byte elements, or 1024 two-byte ones on machines that store 2-byte
+    types in PSUM at their width (NeuronCore-v4)."""
     if not buffer.on_chip:
         return
     partitions = int(shape[par]) if len(shape) > par else 1
@@ -62,8 +66,11 @@ def _check_tile_shape(shape, par, buffer, what):
                             f"partition dimension of {what} {tuple(shape)}")
     if buffer is Buffer.psum:
         free = int(math.prod(shape[par + 1:]))
-        if free > TileSize.psum_fmax:
-            raise NKILimitError("nl.tile_size.psum_fmax", free, TileSize.psum_fmax,
+        limit = TileSize.psum_fmax
+        if dtype is not None and machine is not None and machine.bf16_psum and _dt.itemsize(dtype) == 2:
+            limit = TileSize.psum_bank_fmax_bytes // 2
+        if free > limit:
+            raise NKILimitError("nl.tile_size.psum_fmax", free, limit,
                                 f"PSUM free size (elements per partition) of {what} {tuple(shape)}")
 
 
@@ -80,7 +87,8 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=
         clean.append(int(s))
     shape = tuple(clean)
     if buffer.on_chip:
-        _check_tile_shape(shape, par, buffer, f"{buffer.value} tensor {name}".rstrip())
+        _check_tile_shape(shape, par, buffer, f"{buffer.value} tensor {name}".rstrip(), dtype,
+                          state.launch.target)
     if values is not None:
         data = np.ascontiguousarray(_dt.from_compute(np.broadcast_to(values, shape), dtype))
         if data.base is not None or not data.flags.writeable:
@@ -108,7 +116,10 @@ def wrap_host_array(array: np.ndarray, buffer: Buffer = Buffer.hbm, name: str = 
     """View a host (or device-aliased) array as an HBM tensor, without copying."""
     if not array.flags.c_contiguous:
         raise NKITypeError("HBM tensors must be C-contiguous; the launcher copies others in and out")
-    dtype = _dt.normalize(array.dtype)
+    packed = _dt.packed_type_of(array)
+    dtype = packed if packed is not None else _dt.normalize(array.dtype)
+    if packed is not None:
+        array = array.view(np.ndarray)
     alloc = Allocation(array, buffer, dtype, 0, name)
     alloc.written = True
     return NkiTensor(alloc, array, None, None, 0)
@@ -128,6 +139,11 @@ def _ext_coords(shape, lo, hi, k):
     shp = [1] * len(ext)
     shp[k] = ext[k]
     return np.broadcast_to(np.arange(lo[k], hi[k] + 1, dtype=np.int64).reshape(shp), ext)
+
+
+# tiles made by comparing tile values (``a < b``): the ones without a truth value in Python conditions
+# (by id: tiles compare by value, so they cannot be set members)
+_COMPARISON_RESULTS = weakref.WeakValueDictionary()
 
 
 class NkiTensor:
@@ -181,8 +197,12 @@ class NkiTensor:
                 f"buffer={self.buffer.value}{', name=' + self.name if self.name else ''})")
 
     def __bool__(self):
-        raise NKITypeError("a tile has no truth value in the kernel's Python control flow; "
-                           "use mask= or nl.where for data-dependent choices")
+        # A tensor is an object that exists (``if bias:`` tests an optional argument, as in NKI 0.x);
+        # a comparison of tile values has no truth value at trace time.
+        if _COMPARISON_RESULTS.get(id(self)) is self:
+            raise NKITypeError("a tile comparison has no truth value in the kernel's Python control flow; "
+                               "use mask= or nl.where for data-dependent choices")
+        return True
 
     __hash__ = object.__hash__
 
@@ -327,12 +347,22 @@ class NkiTensor:
         assign(target, value)
 
     @instruction
-    def ap(self, *pattern, offset=0, dtype=None, pattern_kw=None, **kwargs):
+    def ap(self, *pattern, offset=0, dtype=None, pattern_kw=None, scalar_offset=None, vector_offset=None,
+           indirect_dim=0, **kwargs):
         """Hardware access pattern: ``t.ap([[step, num], ...], offset=0, dtype=None)``.
 
         The tensor is seen as flat; view element (i0, i1, ...) is storage
         element ``offset + sum(ik * step_k)``.  Also accepts the pairs as
         separate arguments, and ``pattern=`` as a keyword.
+
+        Tensor indirection: ``scalar_offset=`` (a one-element SBUF tile) adds
+        its value times the stride of the tensor's axis ``indirect_dim`` to
+        every element; ``vector_offset=`` (an SBUF tile of indices, read in
+        partition order) replaces the pattern's first dimension: entry ``i0``
+        starts at index ``vector_offset[i0]`` of axis ``indirect_dim``.  The
+        indices are read when ``.ap()`` is called, so a kernel computes them
+        before building the view (a signature that uses indirection is
+        interpreted on every call, since its addresses depend on data).
         """
         if "pattern" in kwargs:
             pattern = (kwargs.pop("pattern"),)
@@ -342,7 +372,11 @@ class NkiTensor:
             pattern = pattern[0]
         pattern = [(int(s), int(n)) for s, n in pattern]
         if not (self._is_whole() or self._reshaped_whole()):
-            raise NKIError("cannot specify an access pattern on an already indexed tensor; call .ap() on the tensor itself")
+            if self._arr is None or dtype is not None:
+                raise NKIError("cannot specify an access pattern on a gathered or reinterpreted view; call .ap() on "
+                               "the tensor itself")
+            # a strided view (``t[i].ap(...)``): the pattern starts at the view's first element
+            offset = int(offset) + self._offset_strides()[0]
         alloc = self._alloc
         data = alloc.data
         if dtype is not None:
@@ -357,18 +391,65 @@ class NkiTensor:
         flat = data.reshape(-1)
         shape = tuple(n for _, n in pattern)
         key = np.full(shape, int(offset), dtype=np.int64)
+        indices = self._indirect_indices(scalar_offset, vector_offset, indirect_dim, pattern)
         for k, (s, n) in enumerate(pattern):
             shp = [1] * len(shape)
             shp[k] = n
-            key = key + (np.arange(n, dtype=np.int64) * s).reshape(shp)
+            if k == 0 and vector_offset is not None:
+                key = key + indices.reshape(shp)
+            else:
+                key = key + (np.arange(n, dtype=np.int64) * s).reshape(shp)
+        if scalar_offset is not None:
+            key = key + indices
         oob = (key < 0) | (key >= flat.size)
+        if indices is not None and oob.any():
+            raise NKIOutOfBoundsError(
+                f"indirect access pattern out of bounds of {self.buffer.value} tensor {self.name or ''}"
+                f"{tuple(self.shape)}: {int(oob.sum())} element(s) outside (offsets read from the "
+                f"{'scalar' if scalar_offset is not None else 'vector'}_offset tile)")
         if oob.any():
             return NkiTensor(alloc, None, np.clip(key, 0, flat.size - 1), oob, 0)
+        if indices is not None:
+            return NkiTensor(alloc, None, key, None, 0)
         if all(s >= 0 for s, _ in pattern):
             view = np.lib.stride_tricks.as_strided(
                 flat[int(offset):], shape=shape, strides=[s * flat.itemsize for s, _ in pattern], writeable=True)
             return NkiTensor(alloc, view, None, None, 0)
         return NkiTensor(alloc, None, key, None, 0)
+
+    def _indirect_indices(self, scalar_offset, vector_offset, indirect_dim, pattern):
+        """Element offsets of tensor indirection (see ``ap``), read from the offset tile; None without it."""
+        if scalar_offset is None and vector_offset is None:
+            return None
+        if scalar_offset is not None and vector_offset is not None:
+            raise NKITypeError(".ap(): give at most one of scalar_offset and vector_offset")
+        shape = tuple(self._alloc.data.shape)
+        dim = int(indirect_dim)
+        if not 0 <= dim < max(len(shape), len(pattern)):
+            raise NKITypeError(f".ap(): indirect_dim {dim} is not an axis of the {len(shape)}-d tensor {shape} "
+                               f"or of the {len(pattern)}-d pattern")
+        # a tensor of fewer axes than the pattern is seen with leading axes of size one
+        padded = (1,) * max(0, dim + 1 - len(shape)) + shape
+        stride = int(math.prod(padded[dim + 1:]))
+        source = scalar_offset if scalar_offset is not None else vector_offset
+        if not isinstance(source, NkiTensor) or not source.buffer.on_chip:
+            raise NKITypeError(f".ap(): {'scalar' if scalar_offset is not None else 'vector'}_offset must be an "
+                               f"SBUF tile of indices, got {source!r}")
+        from .trace import active
+        rec = active()
+        if rec is not None:
+            rec.poison(f"tensor indirection (.ap() with an offset tile) at {kernel_location()}")
+        values = _dt.to_compute(source.raw_values(None, ".ap() offset")).reshape(-1, order="F")
+        if scalar_offset is not None:
+            if values.size != 1:
+                raise NKITypeError(f".ap(): scalar_offset must hold one element, it has {values.size}")
+            return np.int64(values[0]) * stride
+        # indices in partition order: the (P, n) tile read column by column
+        count = pattern[0][1] if pattern else 0
+        if values.size < count:
+            raise NKITypeError(f".ap(): vector_offset holds {values.size} indices, the pattern's first "
+                               f"dimension needs {count}")
+        return values[:count].astype(np.int64) * stride
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -430,12 +511,20 @@ class NkiTensor:
     def __rpow__(self, o): return self._bin(np.power, o, True)
     def __mod__(self, o): return self._bin(np.fmod, o)
     def __floordiv__(self, o): return self._bin(np.floor_divide, o)
-    def __lt__(self, o): return self._bin(np.less, o)
-    def __le__(self, o): return self._bin(np.less_equal, o)
-    def __gt__(self, o): return self._bin(np.greater, o)
-    def __ge__(self, o): return self._bin(np.greater_equal, o)
-    def __eq__(self, o): return self._bin(np.equal, o)
-    def __ne__(self, o): return self._bin(np.not_equal, o)
+    def _compare(self, f, other):
+        result = self._bin(f, other)
+        if isinstance(result, NkiTensor):
+            _COMPARISON_RESULTS[id(result)] = result
+        return result
+
+    def __lt__(self, o): return self._compare(np.less, o)
+    def __le__(self, o): return self._compare(np.less_equal, o)
+    def __gt__(self, o): return self._compare(np.greater, o)
+    def __ge__(self, o): return self._compare(np.greater_equal, o)
+
+    # ``t == None``/``t != None`` test whether an optional tensor was given (as in Python and NKI 0.x)
+    def __eq__(self, o): return False if o is None else self._compare(np.equal, o)
+    def __ne__(self, o): return True if o is None else self._compare(np.not_equal, o)
     def __and__(self, o): return self._bin(np.bitwise_and, o)
     def __rand__(self, o): return self._bin(np.bitwise_and, o, True)
     def __or__(self, o): return self._bin(np.bitwise_or, o)
@@ -589,7 +678,8 @@ def index(t: NkiTensor, idx) -> NkiTensor:
             par = sum(1 for c in before if not isinstance(c, int))
             if len(norm) > t._par and isinstance(norm[t._par], int):
                 par = 0
-        return NkiTensor(t._alloc, t._arr[tuple(norm)], None, None, par)
+        # the Ellipsis keeps an all-integer subscript (``t[i, j]``) a writable 0-d view, not a copied scalar
+        return NkiTensor(t._alloc, t._arr[(*norm, Ellipsis)], None, None, par)
     if t._arr is not None:
         view = _affine_view(t, norm, shape)
         if view is not None:

@@ -341,6 +341,17 @@ class Recorder:
         _tls.rec = self.prev
         return False
 
+    def attach_thread(self):
+        """Record this thread's instructions too (an LNC instance running on a thread of its own);
+        returns what ``detach_thread`` restores."""
+        prev = getattr(_tls, "rec", None)
+        _tls.rec = self if self.reason is None else None
+        return prev
+
+    @staticmethod
+    def detach_thread(prev):
+        _tls.rec = prev
+
     def begin_instance(self, program_id):
         self.steps = []
         self.instances.append((tuple(program_id), self.steps))
