@@ -58,8 +58,9 @@ def enable(target: str = "trn2", *, lnc: int | None = None, wide: str = "warn"):
 
     torch_bridge.launch_observer = observer(twin)
     # As TorchNeuron's backend: a shape seen for the first time recompiles the graph for
-    # that shape rather than making its dimensions dynamic.
-    torch._dynamo.config.automatic_dynamic_shapes = False
+    # that shape rather than making its dimensions dynamic (undone by disable()).
+    twin.dynamo_config = torch._dynamo.config.patch(automatic_dynamic_shapes=False)
+    twin.dynamo_config.__enter__()
     return twin
 
 
@@ -67,8 +68,6 @@ def disable() -> None:
     """Turns the twin off (its ledger is dropped)."""
     global _twin
     if _twin is not None:
-        import torch
-
         twin, _twin = _twin, None
         from ..nki import torch_bridge
 
@@ -80,7 +79,7 @@ def disable() -> None:
 
             with contextlib.suppress(Exception):
                 _pop_mode()
-        torch._dynamo.config.automatic_dynamic_shapes = True
+        twin.dynamo_config.__exit__(None, None, None)
 
 
 def active():
