@@ -13,15 +13,12 @@ operator. 64-bit values count 4 bytes, as the target stores them
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 from torch.utils._pytree import tree_flatten
 
 from .figures import LogicalCore
-
-ENGINES = ("tensor", "vector", "scalar", "gpsimd", "hbm", "link")
 
 # Collectives, by the fraction of a ring's traffic each rank sends of the bytes named:
 # (n - 1) / n of the gathered or scattered whole, twice that for an all-reduce.
@@ -242,7 +239,3 @@ def graph_cost(gm: torch.fx.GraphModule, core: LogicalCore) -> OpCost:
     total.engine_s["hbm"] = boundary / core.hbm_bytes_per_s
     return total
 
-
-def describe(cost: OpCost) -> str:
-    return (f"{cost.seconds * 1e6:.1f} us ({cost.bound}-bound on {cost.engine}; "
-            f"{cost.flops / 1e9:.3g} GFLOP, {cost.bytes / 1e6:.3g} MB)") if not math.isnan(cost.seconds) else "?"
