@@ -161,7 +161,6 @@ def _charged_on_target(gm: torch.fx.GraphModule, compiled):
         return compiled
     from ..target import figures
     from ..target.roofline import graph_cost
-    from ..target.twin import graph_launch
 
     nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     twin.ledger.compiled(figures.GRAPH_COMPILE_S + figures.GRAPH_COMPILE_S_PER_NODE * nodes, graph=True)
@@ -171,8 +170,7 @@ def _charged_on_target(gm: torch.fx.GraphModule, compiled):
     name = f"compiled graph {get_aot_graph_name()}"
 
     def launch(args):
-        twin.charge(name, cost)
-        with graph_launch():
+        with twin.graph_launch(name, cost):
             return compiled(args)
 
     launch._boxed_call = True

@@ -52,6 +52,7 @@ def enable(target: str = "trn2", *, lnc: int | None = None, wide: str = "warn"):
     disable()
     twin = Twin(target, lnc if lnc is not None else _lnc(), wide)
     twin.__enter__()
+    twin.measure_entry_cost()
     _twin = twin
     from ..nki import torch_bridge
     from .nki_kernels import observer
@@ -143,9 +144,11 @@ def measure(steps: int | None = None):
 
     twin = _require()
     torch.neuron.synchronize()
+    twin.restart_host()
     before = twin.ledger.snapshot()
     w = _Window()
     yield w
+    twin.settle()
     if twin.wide:
         twin.wide.read()
     w.ledger = twin.ledger.since(before)
@@ -180,8 +183,9 @@ TIMELINE_PID = 1 << 20
 
 def add_model_to_trace(trace: dict, steps: int | None = None) -> dict:
     """The trace dict, with the twin's account of the latest profiler run (``TRACE_KEY``)
-    and a second device timeline: its launches back to back at their modelled durations,
-    from the first device task on, in a row "<target>, modelled"."""
+    and a second device timeline: its launches at their modelled starts and durations
+    (apart where the device waits for the host), from the first device task on, in a
+    row "<target>, modelled"."""
     summary = profile_summary(steps)
     if summary is None:
         return trace
@@ -195,11 +199,10 @@ def add_model_to_trace(trace: dict, steps: int | None = None) -> dict:
     events.append({"name": "process_name", "ph": "M", "pid": TIMELINE_PID, "tid": 0, "args": {"name": row}})
     events.append({"name": "thread_name", "ph": "M", "pid": TIMELINE_PID, "tid": 0,
                    "args": {"name": "launches (modelled, not measured)"}})
-    for name, seconds, bound, engine in _twin.timeline:
-        us = seconds * 1e6
+    first = _twin.timeline[0][1] if _twin.timeline else 0.0
+    for name, start, seconds, bound, engine in _twin.timeline:
         events.append({"name": name, "cat": "neuron_modelled", "ph": "X", "pid": TIMELINE_PID, "tid": 0,
-                       "ts": t, "dur": us, "args": {"bound": bound, "engine": engine}})
-        t += us
+                       "ts": t + (start - first) * 1e6, "dur": seconds * 1e6, "args": {"bound": bound, "engine": engine}})
     return trace
 
 

@@ -51,6 +51,8 @@ ASSUMED = {
     "launch_us": "per-launch cost of an operator or graph (LAUNCH_US)",
     "eager_compile_s": "compile time of a new eager operator signature (EAGER_COMPILE_S)",
     "graph_compile_s": "compile time of a graph: GRAPH_COMPILE_S + GRAPH_COMPILE_S_PER_NODE per node",
+    "host": "the host's work between device operators is this machine's CPU time for it (the target's host "
+            "taken as fast)",
 }
 
 

@@ -1,4 +1,12 @@
-"""The twin's accounts: modelled device time by operator, engine and bound, and compiles."""
+"""The twin's accounts: modelled device time by operator, engine and bound, compiles,
+and the two clocks that place each launch on the modelled timeline.
+
+The host clock advances by the host's work between device operators (measured
+here, ``twin.py``); the device clock by the launches. A launch starts when both
+the device is free and the host has issued it, so a device that waits for the
+host shows as the bound "host"; an operator whose result the host reads (an
+``.item()``, a copy to the CPU) makes the host wait for the device.
+"""
 from __future__ import annotations
 
 import copy
@@ -30,10 +38,41 @@ class Ledger:
     graph_compiles: int = 0
     compile_s: float = 0.0
     graph_rejections: int = 0
+    host_s: float = 0.0        # the host's work between device operators
+    host_clock: float = 0.0    # when the host issues its next launch
+    device_clock: float = 0.0  # when the device is free
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def charge(self, name: str, cost: OpCost) -> None:
+    def host(self, seconds: float) -> None:
+        """The host worked ``seconds`` before issuing its next device operator."""
         with self.lock:
+            self.host_s += seconds
+            self.host_clock += seconds
+
+    def sync(self) -> None:
+        """The host waits for the device (it reads a result)."""
+        with self.lock:
+            self.host_clock = max(self.host_clock, self.device_clock)
+
+    def align(self) -> None:
+        """The start of a window: the host and the device start it together."""
+        with self.lock:
+            self.host_clock = self.device_clock = max(self.host_clock, self.device_clock)
+
+    def settle(self) -> None:
+        """The end of a window: the step lasts until both the device and the host are done."""
+        with self.lock:
+            if self.host_clock > self.device_clock:
+                self.bound_s["host"] += self.host_clock - self.device_clock
+                self.device_clock = self.host_clock
+
+    def charge(self, name: str, cost: OpCost) -> float:
+        """Charges one launch; returns when it starts on the modelled timeline."""
+        with self.lock:
+            start = max(self.device_clock, self.host_clock)
+            if start > self.device_clock:
+                self.bound_s["host"] += start - self.device_clock
+            self.device_clock = start + cost.seconds
             t = self.ops[name]
             t.count += 1
             t.seconds += cost.seconds
@@ -46,6 +85,7 @@ class Ledger:
             self.bound_s[bound_of(cost.engine)] += busy
             self.bound_s["launch"] += cost.launch_s
             t.bound_s[cost.bound] += cost.seconds
+            return start
 
     def compiled(self, seconds: float, graph: bool) -> None:
         with self.lock:
@@ -57,6 +97,7 @@ class Ledger:
 
     @property
     def device_s(self) -> float:
+        """The device timeline's length: launches, and the waits for the host between them."""
         return sum(self.bound_s.values())
 
     def snapshot(self) -> "Ledger":
@@ -84,7 +125,7 @@ class Ledger:
             mine, theirs = getattr(now, attr), getattr(before, attr)
             for k, v in mine.items():
                 getattr(d, attr)[k] = v - theirs.get(k, 0.0)
-        for attr in ("launches", "eager_compiles", "graph_compiles", "compile_s", "graph_rejections"):
+        for attr in ("launches", "eager_compiles", "graph_compiles", "compile_s", "graph_rejections", "host_s"):
             setattr(d, attr, getattr(now, attr) - getattr(before, attr))
         return d
 
@@ -100,6 +141,7 @@ class Ledger:
             "eager_compiles": self.eager_compiles,
             "graph_compiles": self.graph_compiles,
             "compile_s": self.compile_s,
+            "host_s": self.host_s,
             "top_ops": [
                 {"op": k, "count": t.count, "seconds": t.seconds, "share": t.seconds / device if device else 0.0,
                  "bound": max(t.bound_s, key=t.bound_s.get) if t.bound_s else "", "flops": t.flops, "bytes": t.bytes}

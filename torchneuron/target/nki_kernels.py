@@ -24,6 +24,10 @@ def observer(twin):
     costs = {}
 
     def charge(kernel, grid, args_t, kwargs_t, tensors):
+        with twin.launching():
+            _charge(kernel, grid, args_t, kwargs_t, tensors)
+
+    def _charge(kernel, grid, args_t, kwargs_t, tensors):
         key = (kernel.fn, tuple(grid), repr(args_t), repr(sorted(kwargs_t.items())),
                tuple((tuple(t.shape), t.dtype) for t in tensors))
         cost = costs.get(key)

@@ -51,8 +51,7 @@ def workload(summary: dict, *, usd_per_hour: float | None = None, instance: str 
         "logical_cores_per_instance": cores_per_instance,
         "instances": instances if cores_per_instance else None,
         "assumptions": dict(summary.get("assumptions") or figures.ASSUMED,
-                            collectives="gradient all-reduce between replicas is not modelled",
-                            host="host-side time (Python, dispatch, input pipeline) is not modelled"),
+                            collectives="gradient all-reduce between replicas is not modelled"),
     }
     if usd_per_hour is not None:
         if cores_per_instance is None:

@@ -9,18 +9,25 @@ eager mode compiles and launches one by one. For each one on ``neuron``:
   line that keeps making new signatures of an operator is shape churn, reported
   once with the dimension that changes;
 * its modelled duration on the target (``roofline.py``), charged to the ledger;
-* the 64-bit rule on its results (``wide_types.py``).
+* the 64-bit rule on its results (``wide_types.py``);
+* the host's work since the previous device operator: this thread's CPU time
+  outside the handler (so the emulator's own work and the waits for it do not
+  count), less the mode's own entry cost measured at enable. An operator whose
+  result the host reads makes the host wait for the modelled device
+  (``ledger.py``).
 
 Operators inside a compiled graph's launch are not charged one by one: the
-graph is (``charge_graph``). The mode is pushed on the thread that enables the
+graph is (``Twin.graph_launch``). The mode is pushed on the thread that enables the
 twin; PyTorch carries it into the autograd engine's threads. Work queued from
 other threads is not seen (docs/target.md).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
+import time
 import warnings
 from collections import Counter, defaultdict
 
@@ -37,6 +44,8 @@ _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.
 _local = threading.local()
 # Launches of one profiled run kept for its modelled timeline (the totals count them all).
 TIMELINE_LAUNCHES = 200_000
+# Operators whose result's size depends on the values: the host waits for them to finish.
+_DATA_DEPENDENT_SHAPE = frozenset("nonzero masked_select _unique2 unique_dim unique_consecutive".split())
 
 
 def warn_at(msg: str, site: str) -> None:
@@ -148,7 +157,50 @@ class Twin(TorchDispatchMode):
         # The ledger when the latest profiler run began and ended (None: not yet).
         self.profile_start: Ledger | None = None
         self.profile_end: Ledger | None = None
-        self.timeline: list = []  # the profiled run's launches: (name, seconds, bound, engine)
+        self.timeline: list = []  # the profiled run's launches: (name, start, seconds, bound, engine)
+        self._entry_s = 0.0  # thread CPU time the mode adds to an operator before its handler runs
+
+    def measure_entry_cost(self, calls: int = 300) -> None:
+        """Measures the mode's own cost per operator (with the mode pushed), so that the
+        host's work between operators leaves it out."""
+        x, op = torch.empty(1), torch.ops.aten.alias.default
+
+        def per_call():
+            t = time.thread_time()
+            for _ in range(calls):
+                op(x)
+            return (time.thread_time() - t) / calls
+
+        self._calibrating = True
+        try:
+            with_mode = min(per_call() for _ in range(3))
+            with torch.utils._python_dispatch._disable_current_modes():
+                without = min(per_call() for _ in range(3))
+        finally:
+            self._calibrating = False
+        self._entry_s = max(0.0, with_mode - without)
+
+    _calibrating = False
+
+    def _host_worked(self, now: float) -> None:
+        """Charges the host's work on this thread since its previous device operator."""
+        mark = getattr(_local, "host_mark", None)
+        if mark is not None:
+            self.ledger.host(max(0.0, now - mark - self._entry_s))
+
+    def settle(self) -> None:
+        """The end of a window of the account: the host's work up to now is charged, and
+        the window lasts until the host and the device are both done."""
+        now = time.thread_time()
+        self._host_worked(now)
+        _local.host_mark = now
+        self.ledger.settle()
+
+    def restart_host(self) -> None:
+        """The start of a window of the account: this thread's host work counts from here,
+        and the host and the device start together."""
+        _local.host_mark = time.thread_time()
+        self.ledger.align()
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -158,21 +210,29 @@ class Twin(TorchDispatchMode):
 
     # -- the dispatch hook
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        entered = time.thread_time()
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if getattr(_local, "in_graph", 0):
+        if self._calibrating or getattr(_local, "in_graph", 0):
             return out
-        results = [t for t in _leaves(out, []) if isinstance(t, torch.Tensor) and t.device.type == "neuron"]
+        done = time.thread_time()
+        out_leaves = _leaves(out, [])
+        results = [t for t in out_leaves if isinstance(t, torch.Tensor) and t.device.type == "neuron"]
         leaves = _leaves((args, kwargs), [])
         if not results and not any(isinstance(t, torch.Tensor) and t.device.type == "neuron" for t in leaves):
+            if hasattr(_local, "host_mark"):  # a host operator is host work; the mode's time around it is not
+                _local.host_mark += time.thread_time() - done + self._entry_s
             return out
         if _profiler._is_profiler_enabled != self._profiling:
             self._profiling = _profiler._is_profiler_enabled
             if self._profiling:
+                self.restart_host()
+                entered = _local.host_mark
                 self.profile_start, self.profile_end = self.ledger.snapshot(), None
                 self.timeline = []
             else:
                 self.profile_end = self.ledger.snapshot()
+        self._host_worked(entered)
         name = func.name()
         execution = self._execution()
         try:
@@ -190,11 +250,15 @@ class Twin(TorchDispatchMode):
                     self._note_signature(name, sig, execution)
         if cost:
             self.charge(name, cost)
+        if len(results) < len([x for x in out_leaves if x is not None]) or \
+                func._overloadpacket.__name__ in _DATA_DEPENDENT_SHAPE:
+            self.ledger.sync()  # a value or a size the host reads
         if results:
             self._check_dtypes(name, results)
             self._check_capacity(name, results)
         if self.wide is not None and results:  # in-place and out= operators return what they wrote
             self.wide.after(name, results, call_site)
+        _local.host_mark = time.thread_time()
         return out
 
     def _check_dtypes(self, name: str, results) -> None:
@@ -263,20 +327,32 @@ class Twin(TorchDispatchMode):
                            "changes": [{"where": w, "values": v} for w, v in changes]})
         warn_at(msg, site)
 
-    # -- compiled graphs
     def charge(self, name: str, cost: OpCost) -> None:
-        """Charges one launch (an operator or a compiled graph) to the ledger, and to the
-        profiled run's modelled timeline while a profiler records."""
-        self.ledger.charge(name, cost)
+        """Charges one launch (an operator, a compiled graph or a kernel) to the ledger,
+        and to the profiled run's modelled timeline while a profiler records."""
+        start = self.ledger.charge(name, cost)
         if self._profiling and len(self.timeline) < TIMELINE_LAUNCHES:
-            self.timeline.append((name, cost.seconds, cost.bound, cost.engine))
+            self.timeline.append((name, start, cost.seconds, cost.bound, cost.engine))
 
+    # -- compiled graphs
+    @contextlib.contextmanager
+    def launching(self):
+        """A launch the dispatch hook does not see (a compiled graph, an NKI kernel): the
+        host's work up to it is charged, and its own time here is not the host's."""
+        self._host_worked(time.thread_time())
+        try:
+            yield
+        finally:
+            _local.host_mark = time.thread_time()
 
-class graph_launch:
-    """While a compiled graph runs, its operators are not charged one by one."""
-
-    def __enter__(self):
-        _local.in_graph = getattr(_local, "in_graph", 0) + 1
-
-    def __exit__(self, *exc):
-        _local.in_graph -= 1
+    @contextlib.contextmanager
+    def graph_launch(self, name: str, cost: OpCost):
+        """One launch of a compiled graph, charged as one task: while it runs, its
+        operators are not charged one by one."""
+        with self.launching():
+            self.charge(name, cost)
+            _local.in_graph = getattr(_local, "in_graph", 0) + 1
+            try:
+                yield
+            finally:
+                _local.in_graph -= 1
