@@ -15,9 +15,15 @@ for it is modelled here:
   Published figures come from compiled graphs, so the compiled estimate is compared; the
   eager estimate (each operator one launch) is shown beside it. Throughput follows from
   the step: seq/s = DP x microbatch / microbatch time, with a 1F1B pipeline's bubble
-  ((microbatches + PP - 1) stage times per step) where PP > 1. One rank's step runs no
-  collectives, so the communication between ranks, the optimizer step and activation
-  recomputation are not in these figures.
+  ((microbatches + PP - 1) stage times per step) where PP > 1. Tensor parallelism's
+  all-reduces are added to the step (two per layer forward, two more backward, of the
+  tokens' hidden states), each charged as the twin charges a collective: its latency and
+  its ring traffic over NeuronLink (the traffic only where the chip's NeuronLink bandwidth
+  is published: not Trainium1's). The latency is the twin's one calibrated figure, fitted
+  here on the token-generation rows; each of those rows is modelled with the latency
+  fitted on the others (leave one out), so its error is not zero by construction. The
+  optimizer step, the data-parallel and ZeRO collectives and activation recomputation are
+  not in these figures.
 * **kernels:** the NKI emulator's performance model (``nki.estimate``) on the machine the
   tutorial ran on, for the tutorial's own kernel, read from an aws-neuron/nki-samples
   checkout given with ``--nki-samples`` (its code is not copied here).
@@ -185,6 +191,14 @@ class Figure:
     step: tuple = None    # (build, layers, backward) for a model row
     per_step: callable = None  # microbatch seconds -> the figure in its unit
     kernel: tuple = None  # (module path in nki-samples, function, shapes (batch, channels, seq, state))
+    collectives: tuple = None  # tensor parallelism's all-reduces per step: (count, bytes each, ranks)
+
+
+def tp_allreduces(size: str, tp: int, tokens: int, batch: int = 1, backward: bool = False) -> tuple:
+    """Megatron-style tensor parallelism's all-reduces in one rank's step: the attention's and
+    the MLP's outputs in each layer (and their gradients backward), batch x tokens x hidden, bf16."""
+    h = LLAMA[size]
+    return 2 * h["num_hidden_layers"] * (2 if backward else 1), batch * tokens * h["hidden_size"] * 2, tp
 
 
 def ms(seconds: float) -> float:
@@ -203,32 +217,40 @@ def training_rate(dp: int, microbatch: int, microbatches: int = 1, pp: int = 1):
 
 FIGURES = [
     Figure("Llama-3.3-70B TTFT", "trn2", "trn2.48xlarge, TP=64, LNC=2, BF16, batch 1, 10,000-token prompt "
-           "(context bucket 12,288)", 814.2, "ms", "nxdi-70b", step=prefill("70B", 64, 12288), per_step=ms),
+           "(context bucket 12,288)", 814.2, "ms", "nxdi-70b", step=prefill("70B", 64, 12288), per_step=ms,
+           collectives=tp_allreduces("70B", 64, 12288)),
     Figure("Llama-3.3-70B TPOT", "trn2", "as above; generation bucket 12,800", 19.6, "ms", "nxdi-70b",
-           step=decode("70B", 64, 12800), per_step=ms),
+           step=decode("70B", 64, 12800), per_step=ms, collectives=tp_allreduces("70B", 64, 1)),
     Figure("Llama-3.1-405B TTFT", "trn2", "trn2.48xlarge, TP=64, LNC=2, BF16, batch 1, 10,000-token prompt "
-           "(context bucket 10,240)", 2442.0, "ms", "nxdi-405b", step=prefill("405B", 64, 10240), per_step=ms),
+           "(context bucket 10,240)", 2442.0, "ms", "nxdi-405b", step=prefill("405B", 64, 10240), per_step=ms,
+           collectives=tp_allreduces("405B", 64, 10240)),
     Figure("Llama-3.1-405B TPOT", "trn2", "as above; generation bucket 12,800", 37.9, "ms", "nxdi-405b",
-           step=decode("405B", 64, 12800), per_step=ms),
+           step=decode("405B", 64, 12800), per_step=ms, collectives=tp_allreduces("405B", 64, 1)),
     Figure("Llama-3.1-8B TPOT (median)", "trn2", "trn2.48xlarge, vLLM, TP=8, 2 concurrent requests, "
            "512-token prompts, 128 output tokens (context about 576)", 10.52, "ms", "vllm-8b",
-           step=decode("8B", 8, 576, batch=2), per_step=ms),
+           step=decode("8B", 8, 576, batch=2), per_step=ms,
+           collectives=tp_allreduces("8B", 8, 1, batch=2)),
     Figure("Llama-3.1-8B pre-training", "trn1", "32 x trn1.32xlarge, TP=32 DP=32 ZeRO-1, microbatch 1, "
            "global batch 1024, seq 8192, BF16 autocast, Neuron 2.24", 47.95, "seq/s", "trn1-train",
-           step=train("8B", 32, 8192), per_step=training_rate(dp=32, microbatch=1, microbatches=32)),
+           step=train("8B", 32, 8192), per_step=training_rate(dp=32, microbatch=1, microbatches=32),
+           collectives=tp_allreduces("8B", 32, 8192, backward=True)),
     Figure("Llama-3.1-70B pre-training", "trn1", "32 x trn1.32xlarge, TP=32 DP=4 PP=8, microbatch 1, "
            "global batch 1024, seq 8192, BF16 autocast, Neuron 2.24", 7.94, "seq/s", "trn1-train",
-           step=train("70B", 32, 8192), per_step=training_rate(dp=4, microbatch=1, microbatches=256, pp=8)),
+           step=train("70B", 32, 8192), per_step=training_rate(dp=4, microbatch=1, microbatches=256, pp=8),
+           collectives=tp_allreduces("70B", 32, 8192, backward=True)),
     Figure("BERT-Large phase-1 pre-training", "trn1", "1 x trn1.32xlarge, 32 NeuronCores DP, microbatch 16, "
            "seq 128, BF16 autocast, Neuron 2.28", 3826.6, "seq/s", "trn1-train",
            step=bert_train(128, 16), per_step=training_rate(dp=32, microbatch=16)),
     Figure("Llama-3-70B TTFT (P50)", "trn1", "trn1.32xlarge, transformers-neuronx, TP=32, batch 1, "
            "2048-token prompt, BF16, Neuron 2.18.1", 547.0, "ms", "trn1-infer",
-           step=prefill("70B", 32, 2048), per_step=ms),
+           step=prefill("70B", 32, 2048), per_step=ms,
+           collectives=tp_allreduces("70B", 32, 2048)),
     Figure("Llama-3-70B TPOT (P50)", "trn1", "as above; 2048 output tokens (mean context about 3072)",
-           26.2, "ms", "trn1-infer", step=decode("70B", 32, 3072), per_step=ms),
+           26.2, "ms", "trn1-infer", step=decode("70B", 32, 3072), per_step=ms,
+           collectives=tp_allreduces("70B", 32, 1)),
     Figure("Llama-3-70B TPOT (P50), batch 4", "trn1", "trn1.32xlarge, TP=32, batch 4, 2048 in / 2048 out",
-           32.33, "ms", "trn1-infer", step=decode("70B", 32, 3072, batch=4), per_step=ms),
+           32.33, "ms", "trn1-infer", step=decode("70B", 32, 3072, batch=4), per_step=ms,
+           collectives=tp_allreduces("70B", 32, 1, batch=4)),
     Figure("mamba_v1, 256 channels", "trn1", "one NeuronCore, fp32, batch 1, seq 512, state 16", 172.93, "us",
            "mamba", kernel=("mamba_v1", (1, 256, 512, 16))),
     Figure("mamba_v1, 4096 channels", "trn1", "one NeuronCore, fp32, batch 1, seq 512, state 16", 2340.0, "us",
@@ -253,8 +275,42 @@ def model_row(fig: Figure) -> dict:
             engines[engine] = engines.get(engine, 0.0) + seconds
     return {"modelled": fig.per_step(est.compiled_s), "eager": fig.per_step(est.eager_s),
             "launches": est.eager_launches, "flops": est.compiled_flops, "engines": engines,
-            "compiled_s": est.compiled_s, "layers": layers,
+            "compiled_s": est.compiled_s, "eager_s": est.eager_s, "layers": layers, "collective_s": 0.0,
             "bound": max(bounds, key=bounds.get) if bounds else ""}
+
+
+def per_collective_gap(fig: Figure, r: dict) -> float:
+    """A token-generation row's measured minus modelled (one rank, no collectives) time, per
+    tensor-parallel collective, in seconds."""
+    return (fig.measured - r["modelled"]) * 1e-3 / fig.collectives[0]
+
+
+def add_collectives(rows: list) -> float:
+    """Adds tensor parallelism's all-reduces to the model rows (in place) and returns the
+    latency fitted on all token-generation rows: the median of their gaps per collective.
+    A token-generation row itself gets the median of the other rows' gaps."""
+    import statistics
+
+    from torchneuron.target.roofline import collective_seconds
+
+    decode = [(f, r) for f, r in rows if r is not None and f.collectives and "TPOT" in f.name]
+    gaps = {f.name: per_collective_gap(f, r) for f, r in decode}
+    for f, r in rows:
+        if r is None or not f.collectives:
+            continue
+        others = [g for name, g in gaps.items() if name != f.name] or list(gaps.values())
+        latency = statistics.median(others) if others else 0.0
+        count, nbytes, ranks = f.collectives
+        core = core_for(f.chip)
+        traffic = collective_seconds(2, nbytes, ranks, core) - core.collective_latency_s \
+            if f.chip in figures.LINK_BYTES_PER_S else 0.0
+        if f.name in gaps:
+            r["gap_s"] = gaps[f.name]
+        r["collective_s"] = count * (latency + traffic)
+        r["latency_s"] = latency
+        r["modelled"] = f.per_step(r["compiled_s"] + r["collective_s"])
+        r["eager"] = f.per_step(r["eager_s"] + r["collective_s"])
+    return statistics.median(gaps.values()) if gaps else 0.0
 
 
 MAMBA_KERNELS = "src/nki_samples/tutorials/fused_mamba/mamba_nki_kernels.py"
@@ -297,7 +353,7 @@ def fmt(x: float) -> str:
     return "-" if x is None else f"{x:,.4g}" if abs(x) < 1e4 else f"{x:,.0f}"
 
 
-def write(rows: list, path: str, elapsed: float) -> None:
+def write(rows: list, path: str, elapsed: float, latency_s: float) -> None:
     lines = [
         "# The Trainium twin against published measurements",
         "",
@@ -308,29 +364,34 @@ def write(rows: list, path: str, elapsed: float) -> None:
         "ratio of the figures as published: for a latency, below 1 means the model is too fast; for a "
         "throughput (seq/s), above 1 means the model is too fast. **Error** is modelled minus measured, "
         "over measured. The eager column is the same step with each operator its own launch; AWS's "
-        "figures are all from compiled graphs.",
+        "figures are all from compiled graphs. **TP collectives** is the part of the modelled figure "
+        "that tensor parallelism's all-reduces take, per step, and the latency each was charged: "
+        "token-generation rows the latency fitted on the other such rows, the rest the latency fitted "
+        f"on all of them ({latency_s * 1e6:.0f} us; the twin's `COLLECTIVE_LATENCY_US` is this figure).",
         "",
         "| figure | chip | configuration | measured | modelled | modelled / measured | error | "
-        "eager (modelled) | bound (model) | source |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "eager (modelled) | TP collectives (latency) | bound (model) | source |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for fig, r in rows:
         url, _ = SOURCES[fig.source]
         if r is None:
             lines.append(f"| {fig.name} | {fig.chip} | {fig.config} | {fmt(fig.measured)} {fig.unit} | not run | | | "
-                         f"| | [{fig.source}]({url}) |")
+                         f"| | | [{fig.source}]({url}) |")
             continue
         ratio = r["modelled"] / fig.measured
+        collectives = (f"{fmt(r['collective_s'] * 1e3)} ms ({r['latency_s'] * 1e6:.0f} us)"
+                       if r.get("latency_s") is not None else "-")
         lines.append(
             f"| {fig.name} | {fig.chip} | {fig.config} | {fmt(fig.measured)} {fig.unit} | "
             f"{fmt(r['modelled'])} {fig.unit} | {ratio:.2f} | {100 * (ratio - 1):+.0f}% | "
-            f"{fmt(r['eager'])}{' ' + fig.unit if r['eager'] is not None else ''} | {r['bound']} | "
+            f"{fmt(r['eager'])}{' ' + fig.unit if r['eager'] is not None else ''} | {collectives} | {r['bound']} | "
             f"[{fig.source}]({url}) |")
     lines += ["", "## Sources", ""]
     for key, (url, what) in SOURCES.items():
         lines.append(f"* **{key}**: {what}. <{url}>")
     lines += ["", "## What the errors say", ""]
-    for paragraph in reading(rows):
+    for paragraph in reading(rows, latency_s):
         lines += [paragraph, ""]
     with open(path, "w") as f:
         f.write("\n".join(lines))
@@ -341,7 +402,7 @@ def ring_allreduce_s(nbytes: int, ranks: int, core) -> float:
     return 2 * (ranks - 1) / ranks * nbytes / core.link_bytes_per_s
 
 
-def reading(rows: list) -> list:
+def reading(rows: list, latency_s: float) -> list:
     """The paragraphs under the table: what the errors say, with this run's numbers."""
     done = [(f, r) for f, r in rows if r is not None]
     decode = [(f, r) for f, r in done if "TPOT" in f.name]
@@ -358,24 +419,25 @@ def reading(rows: list) -> list:
     llama_training = [(f, r) for f, r in graphs if "Llama" in f.name and f.unit == "seq/s"]
     out = []
     if decode:
-        gaps = ", ".join(f"{(f.measured - r['modelled']) / (2 * r['layers']) * 1e3:.0f} us ({f.name}, {f.chip})"
-                         for f, r in decode)
+        gaps = ", ".join(f"{r['gap_s'] * 1e6:.0f} us ({f.name}, {f.chip})" for f, r in decode)
+        one_rank = [f.measured / (r["compiled_s"] * 1e3) for f, r in decode]
         out.append(
-            f"**Token generation (TPOT) is modelled {slower(decode)} times too fast, for a reason the model "
-            "names.** "
-            "The model's decode step is memory-bound: one rank reads its share of the weights and its KV "
-            "cache at the chip's HBM bandwidth, in one launch. What it leaves out is tensor parallelism's "
-            "communication: each layer ends its attention and its MLP with a collective over the TP group "
-            "(two per layer), and these one-rank estimates contain none. The twin charges a collective "
-            "only where a program runs one, and by bandwidth alone (a ring over NeuronLink): for a "
-            f"decode step's all-reduce of one token's hidden state (Llama-70B, TP=64) that is "
-            f"{ring_allreduce_s(8192 * 2, 64, core_for('trn2')) * 1e6:.2f} us. Spread over those collectives, the "
-            f"measured-minus-modelled time is {gaps}: one size, on two chips, TP from 8 to 64, and batch "
-            "1 or 4, while the modelled (memory) time itself ranges over "
-            f"{min(r['modelled'] for _, r in decode):.1f} to {max(r['modelled'] for _, r in decode):.1f} ms "
-            "with the bytes a rank reads. A gap that does not follow the bytes is not an HBM bandwidth "
-            "error: a latency of that order per collective is missing (with the serving loop's per-token "
-            "work, sampling and scheduling, inside the same gap). The model also overstates decode memory a little: Hugging Face's cache concatenates, "
+            "**Token generation (TPOT) fits the collective latency.** One rank's decode step is "
+            "memory-bound in the model: it reads its share of the weights and its KV cache at the chip's "
+            "HBM bandwidth. Without tensor parallelism's all-reduces (two per layer) it is "
+            f"{min(one_rank):.1f} to {max(one_rank):.1f} times too fast, and their traffic cannot close the "
+            "gap: one token's hidden state is a few kilobytes (Llama-70B, TP=64: "
+            f"{ring_allreduce_s(8192 * 2, 64, core_for('trn2')) * 1e6:.2f} us at NeuronLink's bandwidth). "
+            f"Spread over those collectives, measured minus modelled is {gaps}: one size across two chips, "
+            "TP from 8 to 64 and batch 1 or 4, while the memory time ranges over "
+            f"{min(r['compiled_s'] for _, r in decode) * 1e3:.1f} to "
+            f"{max(r['compiled_s'] for _, r in decode) * 1e3:.1f} ms with the bytes a rank reads. A gap that "
+            "does not follow the bytes is a latency per collective, not a bandwidth error. The twin's "
+            f"`COLLECTIVE_LATENCY_US` is their median ({latency_s * 1e6:.0f} us). The gap also holds the "
+            "serving loop's per-token work (sampling, scheduling), which the measurements include, so the "
+            "figure is an upper estimate of the hardware's latency. Each row is modelled with the median of "
+            "the other rows' gaps: " + ", ".join(f"{f.name} ({f.chip}) {error(f, r)}" for f, r in decode)
+            + ". The model also overstates decode memory a little: Hugging Face's cache concatenates, "
             "so the graph writes the whole KV cache each token where NxD Inference writes one position.")
     if graphs:
         parts = []
@@ -391,11 +453,12 @@ def reading(rows: list) -> list:
             "pass, where Neuron's compiler and its attention kernels fuse it into a few passes. That "
             "overcount is what brings the trn1 Llama training rows near the measurement ("
             + ", ".join(error(f, r) for f, r in llama_training) + "): it "
-            "offsets what the model omits (TP collectives, ZeRO-1's gradient reduce-scatter, the optimizer "
-            "step, activation recomputation). The agreement is not evidence that the constants are right. "
-            f"Prefill (TTFT) is still {slower(prefill)} times too fast with that overcount, so the TensorEngine "
-            "does not run at its peak there (the model assumes every matmul does, whatever its shape), and "
-            "sequence parallelism's all-gathers of S x hidden activations per layer are missing. "
+            "offsets what the model omits (on Trainium1 the TP collectives' traffic, whose NeuronLink-v2 "
+            "bandwidth AWS does not publish; ZeRO-1's gradient reduce-scatter, the optimizer step, activation "
+            "recomputation). The agreement is not evidence that the constants are right. "
+            f"Prefill (TTFT) is still {slower(prefill)} times too fast with that overcount and the TP "
+            "collectives (their traffic included on Trainium2), so the TensorEngine does not run at its peak "
+            "there: the model assumes every matmul does, whatever its shape. "
             + "".join(f"{f.name} is modelled {error(f, r)} off: small matmuls (hidden 1024, sequence 128) "
                       "assumed at peak, the data-parallel all-reduce and the optimizer unmodelled."
                       for f, r in graphs if "BERT" in f.name))
@@ -447,7 +510,8 @@ def main(argv=None) -> list:
         shown = "not run" if r is None else f"modelled {fmt(r['modelled'])} {fig.unit}"
         print(f"{fig.name} ({fig.chip}): measured {fmt(fig.measured)} {fig.unit}, {shown} "
               f"[{time.time() - t:.0f} s]", flush=True)
-    write(rows, args.out, time.time() - start)
+    latency_s = add_collectives(rows)
+    write(rows, args.out, time.time() - start, latency_s)
     print(f"wrote {args.out}")
     return rows
 

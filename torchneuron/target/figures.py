@@ -30,6 +30,11 @@ LINK_BYTES_PER_S = {"trn2": 1.28e12, "trn3": 2.56e12}
 # Per-launch cost of one eager operator or compiled graph on the device: the
 # runtime's execute call and its DMA descriptors. Assumed (AWS publishes no figure).
 LAUNCH_US = {"trn2": 15.0, "trn3": 15.0}
+# Latency of one collective, beside its bandwidth term (``roofline.collective_cost``).
+# Calibrated, not published: the median, over the token-generation (TPOT) rows of
+# benchmarks/target_calibration.md, of measured minus modelled time per tensor-parallel
+# collective; that gap also holds the serving loop's per-token work. Trainium3: Trainium2's.
+COLLECTIVE_LATENCY_US = {"trn2": 93.0, "trn3": 93.0}
 # Compile time of one new eager operator signature, and of one compiled graph (a
 # fixed part plus a part per FX node). Assumed: AWS's docs describe first compiles as
 # taking minutes for whole models without a per-graph figure.
@@ -51,6 +56,8 @@ ASSUMED = {
     "launch_us": "per-launch cost of an operator or graph (LAUNCH_US)",
     "eager_compile_s": "compile time of a new eager operator signature (EAGER_COMPILE_S)",
     "graph_compile_s": "compile time of a graph: GRAPH_COMPILE_S + GRAPH_COMPILE_S_PER_NODE per node",
+    "collective_latency_us": "latency of one collective (COLLECTIVE_LATENCY_US), calibrated on published "
+                             "token-generation latencies",
     "host": "the host's work between device operators is this machine's CPU time for it (the target's host "
             "taken as fast)",
 }
@@ -96,6 +103,10 @@ class LogicalCore:
     @property
     def launch_s(self) -> float:
         return LAUNCH_US[self.key] * 1e-6
+
+    @property
+    def collective_latency_s(self) -> float:
+        return COLLECTIVE_LATENCY_US[self.key] * 1e-6
 
     @property
     def cores_per_chip(self) -> int:

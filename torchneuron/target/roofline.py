@@ -6,7 +6,7 @@ transcendental element-wise functions on the ScalarEngine (its activation
 unit), data-dependent indexing, sorting and scans on the GpSimd engine, the
 rest of element-wise and reduction work on the VectorEngine, every byte read
 or written through HBM, and a collective's traffic over NeuronLink (a ring,
-at the logical core's share of its chip's links). The engines and the memory work at once, so the
+at the logical core's share of its chip's links, after a fixed latency). The engines and the memory work at once, so the
 duration is the slowest of them, plus the per-launch cost of an eager
 operator. 64-bit values count 4 bytes, as the target stores them
 (``rules.py``). Views move nothing and cost nothing.
@@ -156,14 +156,20 @@ def _world_size(args) -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def collective_seconds(ring_factor: float, nbytes: int, ranks: int, core: LogicalCore) -> float:
+    """One collective over NeuronLink: its latency, and each rank sending ``ring_factor``
+    (n - 1) / n of ``nbytes`` at its share of the links (the whole once for a broadcast)."""
+    if ranks <= 1:
+        return 0.0
+    factor = ring_factor * (ranks - 1) / ranks if ring_factor else 1.0
+    return core.collective_latency_s + factor * nbytes / core.link_bytes_per_s
+
+
 def collective_cost(name: str, args, tensors, core: LogicalCore) -> OpCost:
-    """A ring collective over the chips' NeuronLink: each rank sends (n - 1) / n of the
-    whole (twice for an all-reduce; the whole once for a broadcast)."""
-    n = _world_size(args)
+    """A ring collective over the chips' NeuronLink (``collective_seconds``)."""
     whole = max((sum(t.numel() * target_itemsize(t.dtype) for t in group) for group in tensors), default=0)
-    factor = _RING[name] * (n - 1) / n if _RING[name] else (1.0 if n > 1 else 0.0)
     cost = OpCost(bytes=int(whole), launch_s=core.launch_s)
-    cost.engine_s["link"] = factor * whole / core.link_bytes_per_s
+    cost.engine_s["link"] = collective_seconds(_RING[name], whole, _world_size(args), core)
     return cost
 
 
