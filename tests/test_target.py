@@ -255,6 +255,42 @@ def test_the_twins_own_time_is_not_the_hosts(twin):
     assert 0 < s["host_s"] < 0.5 * elapsed
 
 
+def _in_thread(fn):
+    import threading
+
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as e:  # noqa: BLE001  (raised again on the caller's thread)
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_device_work_of_a_thread_started_after_enable_is_charged_and_stops_with_disable():
+    x = torch.randn(64, 64, device=DEV)
+    expected = (x.cpu() @ x.cpu()).relu().sum().item()
+    twin = target.enable("trn2", lnc=2)
+    try:
+        # as a text streamer's generate() thread would
+        assert _in_thread(lambda: (x @ x).relu().sum().item()) == pytest.approx(expected, rel=1e-5)
+        s = target.summary()
+        assert s["launches"] == 3 and {o["op"] for o in s["top_ops"]} == {"aten::mm", "aten::relu", "aten::sum"}
+        with pytest.raises(TypeError, match="no such type"):  # the target's rules hold there too
+            _in_thread(lambda: torch.ones(2, device=DEV, dtype=torch.complex128) * 2)
+    finally:
+        target.disable()
+    assert not twin.enabled and target.active() is None
+    assert _in_thread(lambda: (x @ x).relu().sum().item()) == pytest.approx(expected, rel=1e-5)
+
+
 # ---------------------------------------------------------------- the cost report
 SUMMARY = {"target": "trn2", "device": "Trainium2", "lnc": 2, "steps": 10, "device_s": 0.5, "compile_s": 30.0,
            "eager_compiles": 30, "graph_compiles": 0, "bound_s": {"launch": 0.3, "compute": 0.2},

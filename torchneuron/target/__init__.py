@@ -39,8 +39,8 @@ def _lnc() -> int:
 
 
 def enable(target: str = "trn2", *, lnc: int | None = None, wide: str = "warn"):
-    """Turns the twin on for ``target`` ("trn2" or "trn3") from now on, on this thread
-    and the autograd threads it starts; returns it. ``wide``: the 64-bit rule, "warn",
+    """Turns the twin on for ``target`` ("trn2" or "trn3") from now on, on this thread,
+    the threads started after it and the autograd threads; returns it. ``wide``: the 64-bit rule, "warn",
     "narrow" or "off". Enabling again replaces the twin (and its ledger)."""
     import torch
 
@@ -53,6 +53,7 @@ def enable(target: str = "trn2", *, lnc: int | None = None, wide: str = "warn"):
     twin = Twin(target, lnc if lnc is not None else _lnc(), wide)
     twin.__enter__()
     twin.measure_entry_cost()
+    twin.adopt_new_threads()
     _twin = twin
     from ..nki import torch_bridge
     from .nki_kernels import observer
@@ -73,6 +74,7 @@ def disable() -> None:
         from ..nki import torch_bridge
 
         torch_bridge.launch_observer = None
+        twin.release_threads()
         try:
             twin.__exit__(None, None, None)
         except Exception:  # noqa: BLE001  (not on top of this thread's mode stack: dropped from it instead)

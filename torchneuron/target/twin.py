@@ -18,8 +18,9 @@ eager mode compiles and launches one by one. For each one on ``neuron``:
 
 Operators inside a compiled graph's launch are not charged one by one: the
 graph is (``Twin.graph_launch``). The mode is pushed on the thread that enables the
-twin; PyTorch carries it into the autograd engine's threads. Work queued from
-other threads is not seen (docs/target.md).
+twin and on every thread started after that (``adopt_new_threads``); PyTorch
+carries it into the autograd engine's threads. Threads started before are not
+seen (docs/target.md).
 """
 from __future__ import annotations
 
@@ -160,6 +161,31 @@ class Twin(TorchDispatchMode):
         self.timeline: list = []  # the profiled run's launches: (name, start, seconds, bound, engine)
         self._entry_s = 0.0  # thread CPU time the mode adds to an operator before its handler runs
 
+    # -- threads
+    def adopt_new_threads(self) -> None:
+        """Pushes the mode on each thread started from now on, at its first Python call
+        (``threading.setprofile``'s hook runs there, once, and hands over to any hook set
+        before). Until ``release_threads``."""
+        previous = threading.getprofile()
+
+        def adopt(frame, event, arg):
+            sys.setprofile(previous)
+            if self.enabled:
+                torch.utils._python_dispatch._push_mode(self)
+            if previous is not None:
+                return previous(frame, event, arg)
+
+        self._previous_profile = previous
+        threading.setprofile(adopt)
+
+    def release_threads(self) -> None:
+        """No more adoption; the threads that hold the mode pass their operators through."""
+        self.enabled = False
+        threading.setprofile(self._previous_profile)
+
+    enabled = True
+    _previous_profile = None
+
     def measure_entry_cost(self, calls: int = 300) -> None:
         """Measures the mode's own cost per operator (with the mode pushed), so that the
         host's work between operators leaves it out."""
@@ -213,7 +239,7 @@ class Twin(TorchDispatchMode):
         entered = time.thread_time()
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if self._calibrating or getattr(_local, "in_graph", 0):
+        if self._calibrating or not self.enabled or getattr(_local, "in_graph", 0):
             return out
         done = time.thread_time()
         out_leaves = _leaves(out, [])
