@@ -251,7 +251,7 @@ def test_the_twins_own_time_is_not_the_hosts(twin):
             x = x * 0.999 + 1
     elapsed = time.thread_time() - t
     s = w.summary
-    assert s["launches"] == 1000
+    assert s["launches"] + s["fused_ops"] == 1000
     assert 0 < s["host_s"] < 0.5 * elapsed
 
 
@@ -282,13 +282,47 @@ def test_device_work_of_a_thread_started_after_enable_is_charged_and_stops_with_
         # as a text streamer's generate() thread would
         assert _in_thread(lambda: (x @ x).relu().sum().item()) == pytest.approx(expected, rel=1e-5)
         s = target.summary()
-        assert s["launches"] == 3 and {o["op"] for o in s["top_ops"]} == {"aten::mm", "aten::relu", "aten::sum"}
+        assert (s["launches"], s["fused_ops"]) == (2, 1)  # the sum joins the relu's launch
+        assert {o["op"] for o in s["top_ops"]} == {"aten::mm", "aten::relu", "aten::sum"}
         with pytest.raises(TypeError, match="no such type"):  # the target's rules hold there too
             _in_thread(lambda: torch.ones(2, device=DEV, dtype=torch.complex128) * 2)
     finally:
         target.disable()
     assert not twin.enabled and target.active() is None
     assert _in_thread(lambda: (x @ x).relu().sum().item()) == pytest.approx(expected, rel=1e-5)
+
+
+def _launches(fn) -> tuple:
+    torch.neuron.synchronize()
+    with target.measure() as w:
+        fn()
+    return w.summary["launches"], w.summary["fused_ops"]
+
+
+def test_eager_fusion_joins_a_dependent_element_wise_run_until_a_read(twin):
+    x, y = torch.randn(1 << 16, device=DEV), torch.randn(1 << 16, device=DEV)
+    chain = lambda: ((x * 1.5 + 0.25).relu() * 2).sum()  # noqa: E731
+    chain()  # the signatures' compiles
+    assert _launches(chain) == (1, 4)
+    assert _launches(lambda: (x * 2, y * 3)) == (2, 0)  # independent: each its own launch
+
+    def read_between():
+        a = x * 2
+        a[0].item()  # a read ends the fusion window
+        return a + 1
+    assert _launches(read_between) == (2, 0)
+    assert _launches(lambda: torch.mm(x.view(256, 256), y.view(256, 256)).relu()) == (2, 0)  # not after a matmul
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert _launches(chain) == (5, 0)  # deterministic algorithms turn it off, as on the target
+    finally:
+        torch.use_deterministic_algorithms(False)
+    # Joined operators pay no launch, and their read of the previous result stays on chip.
+    with target.measure() as w:
+        chain()
+    joined = {o["op"]: o for o in w.summary["top_ops"]}
+    assert joined["aten::relu"]["bytes"] == x.nbytes  # written; its input was read on chip
+    assert joined["aten::sum"]["seconds"] < figures.LAUNCH_US["trn2"] * 1e-6
 
 
 # ---------------------------------------------------------------- the cost report
@@ -395,13 +429,14 @@ def test_a_profiled_run_carries_the_twins_account_into_the_explorer(twin, tmp_pa
         for _ in range(3):
             (x @ x).relu().sum().item()
     summary = target.profile_summary()
-    assert summary["launches"] == 3 * 3  # mm, relu, sum per iteration; item() reads, launching nothing
+    # mm, then relu with the sum joined to its launch, per iteration; item() reads, launching nothing
+    assert (summary["launches"], summary["fused_ops"]) == (3 * 2, 3)
     prof.export_chrome_trace(str(tmp_path / "raw.json"))
     raw = explorer.load_trace(str(tmp_path / "raw.json"))
     assert target.TRACE_KEY not in raw
     trace = target.add_model_to_trace(explorer.load_trace(str(tmp_path / "raw.json")))  # as explorer.report(prof) does
     model = explorer.analyze(trace)["summary"]["target"]
-    assert model["target"] == "trn2" and model["launches"] == 9
+    assert model["target"] == "trn2" and model["launches"] == 6
     assert model["device_us"] == pytest.approx(summary["device_s"] * 1e6)
     assert {o["op"] for o in model["top_ops"]} == {"aten::mm", "aten::relu", "aten::sum"}
     row = [e for e in trace["traceEvents"] if e.get("pid") == target.TIMELINE_PID and e.get("ph") == "X"]

@@ -35,7 +35,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_leaves
 
-from . import figures
+from . import eager_fusion, figures
 from .figures import LogicalCore
 from .roofline import OpCost, graph_cost, op_cost
 
@@ -44,7 +44,7 @@ from .roofline import OpCost, graph_cost, op_cost
 class Estimate:
     """The modelled cost of one step on one logical core (seconds, FLOPs)."""
 
-    eager_s: float            # each operator one launch
+    eager_s: float            # each operator launched as the live twin charges it
     eager_launches: int
     compiled_s: float         # each compiled graph one launch
     graphs: list = field(default_factory=list)  # OpCost of each compiled graph, in compile order
@@ -96,18 +96,24 @@ def _step(model: torch.nn.Module, kwargs: dict, backward: bool) -> Callable[[], 
 
 def eager_cost(model: torch.nn.Module, kwargs: dict, core: LogicalCore, *, backward: bool = False):
     """(seconds, launches, FLOPs) of the step in eager mode: the operators make_fx records
-    under a fake-tensor mode, each charged as one launch."""
+    under a fake-tensor mode, each charged as the live twin charges it (a launch of its
+    own, or joined to the one before it: ``eager_fusion.py``)."""
     gm = make_fx(_step(model, kwargs, backward), tracing_mode="fake", _allow_non_fake_inputs=True)()
     seconds, launches, flops = 0.0, 0, 0
+    eager_fusion.end_run()
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
         args, kw = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
-        cost = op_cost(node.target, args, kw, node.meta.get("val"), core)
+        out = node.meta.get("val")
+        cost = op_cost(node.target, args, kw, out, core)
         if cost is not None:
+            tensors = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            cost, joined = eager_fusion.join(cost, tree_leaves((args, kw)), tensors, core)
             seconds += cost.seconds
-            launches += 1
+            launches += not joined
             flops += cost.flops
+    eager_fusion.end_run()
     return seconds, launches, flops
 
 

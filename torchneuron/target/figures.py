@@ -35,6 +35,9 @@ LAUNCH_US = {"trn2": 15.0, "trn3": 15.0}
 # benchmarks/target_calibration.md, of measured minus modelled time per tensor-parallel
 # collective; that gap also holds the serving loop's per-token work. Trainium3: Trainium2's.
 COLLECTIVE_LATENCY_US = {"trn2": 93.0, "trn3": 93.0}
+# Operators one fused eager launch holds at most (eager_fusion.py). Assumed: AWS publishes
+# no bound for TorchNeuron's adaptive eager; this is the emulator's own fusion window's.
+FUSED_OPS_MAX = 16
 # Compile time of one new eager operator signature, and of one compiled graph (a
 # fixed part plus a part per FX node). Assumed: AWS's docs describe first compiles as
 # taking minutes for whole models without a per-graph figure.
@@ -58,6 +61,8 @@ ASSUMED = {
     "graph_compile_s": "compile time of a graph: GRAPH_COMPILE_S + GRAPH_COMPILE_S_PER_NODE per node",
     "collective_latency_us": "latency of one collective (COLLECTIVE_LATENCY_US), calibrated on published "
                              "token-generation latencies",
+    "eager_fusion": "adaptive eager fuses an element-wise operator into the launch of the one before it when it "
+                    "reads that one's result, up to FUSED_OPS_MAX operators",
     "host": "the host's work between device operators is this machine's CPU time for it (the target's host "
             "taken as fast)",
 }

@@ -34,6 +34,7 @@ class Ledger:
     engine_s: dict = field(default_factory=lambda: defaultdict(float))  # busiest engine's time, by engine
     bound_s: dict = field(default_factory=lambda: defaultdict(float))   # compute / memory / launch
     launches: int = 0
+    fused_ops: int = 0         # operators that joined the launch before them (eager_fusion.py)
     eager_compiles: int = 0
     graph_compiles: int = 0
     compile_s: float = 0.0
@@ -66,8 +67,9 @@ class Ledger:
                 self.bound_s["host"] += self.host_clock - self.device_clock
                 self.device_clock = self.host_clock
 
-    def charge(self, name: str, cost: OpCost) -> float:
-        """Charges one launch; returns when it starts on the modelled timeline."""
+    def charge(self, name: str, cost: OpCost, joined: bool = False) -> float:
+        """Charges one launch, or an operator that joined the launch before it; returns
+        when it starts on the modelled timeline."""
         with self.lock:
             start = max(self.device_clock, self.host_clock)
             if start > self.device_clock:
@@ -78,7 +80,10 @@ class Ledger:
             t.seconds += cost.seconds
             t.flops += cost.flops
             t.bytes += cost.bytes
-            self.launches += 1
+            if joined:
+                self.fused_ops += 1
+            else:
+                self.launches += 1
             # The busy part counts for the engine (and bound) that sets it, the launch apart.
             busy = cost.busy_s
             self.engine_s[cost.engine] += busy
@@ -125,7 +130,8 @@ class Ledger:
             mine, theirs = getattr(now, attr), getattr(before, attr)
             for k, v in mine.items():
                 getattr(d, attr)[k] = v - theirs.get(k, 0.0)
-        for attr in ("launches", "eager_compiles", "graph_compiles", "compile_s", "graph_rejections", "host_s"):
+        for attr in ("launches", "fused_ops", "eager_compiles", "graph_compiles", "compile_s", "graph_rejections",
+                     "host_s"):
             setattr(d, attr, getattr(now, attr) - getattr(before, attr))
         return d
 
@@ -136,6 +142,7 @@ class Ledger:
         return {
             "device_s": device,
             "launches": self.launches,
+            "fused_ops": self.fused_ops,
             "bound_s": dict(self.bound_s),
             "engine_s": dict(self.engine_s),
             "eager_compiles": self.eager_compiles,

@@ -78,6 +78,8 @@ def render(summary: dict, w: dict) -> str:
         ("modelled device time per step", _fmt_s(w["step_s"])),
         ("  by bound", ", ".join(f"{k} {v / max(summary['device_s'], 1e-30):.0%}"
                                  for k, v in sorted(summary["bound_s"].items(), key=lambda kv: -kv[1]))),
+        ("launches per step (operators fused)", f"{summary.get('launches', 0) / (summary.get('steps') or 1):.0f} "
+                                                f"({summary.get('fused_ops', 0) / (summary.get('steps') or 1):.0f})"),
         ("compiles (eager signatures, graphs)", f"{summary['eager_compiles']}, {summary['graph_compiles']} "
                                                 f"(modelled {_fmt_s(summary['compile_s'])} cold)"),
         ("data-parallel replicas", str(w["data_parallel"])),

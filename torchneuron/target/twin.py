@@ -8,7 +8,8 @@ eager mode compiles and launches one by one. For each one on ``neuron``:
   new one is a compile on the target, with a modelled compile time; a Python
   line that keeps making new signatures of an operator is shape churn, reported
   once with the dimension that changes;
-* its modelled duration on the target (``roofline.py``), charged to the ledger;
+* its modelled duration on the target (``roofline.py``), charged to the ledger as
+  a launch of its own or as part of the launch before it (``eager_fusion.py``);
 * the 64-bit rule on its results (``wide_types.py``);
 * the host's work since the previous device operator: this thread's CPU time
   outside the handler (so the emulator's own work and the waits for it do not
@@ -36,7 +37,7 @@ import torch
 import torch.autograd.profiler as _profiler
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import figures
+from . import eager_fusion, figures
 from .ledger import Ledger
 from .roofline import OpCost, op_cost
 from .wide_types import TargetWarning, WideTypes
@@ -275,10 +276,12 @@ class Twin(TorchDispatchMode):
                     self.ledger.compiled(figures.EAGER_COMPILE_S, graph=False)
                     self._note_signature(name, sig, execution)
         if cost:
-            self.charge(name, cost)
+            cost, joined = eager_fusion.join(cost, leaves, results, self.core)
+            self.charge(name, cost, joined=joined)
         if len(results) < len([x for x in out_leaves if x is not None]) or \
                 func._overloadpacket.__name__ in _DATA_DEPENDENT_SHAPE:
             self.ledger.sync()  # a value or a size the host reads
+            eager_fusion.end_run()
         if results:
             self._check_dtypes(name, results)
             self._check_capacity(name, results)
@@ -353,10 +356,11 @@ class Twin(TorchDispatchMode):
                            "changes": [{"where": w, "values": v} for w, v in changes]})
         warn_at(msg, site)
 
-    def charge(self, name: str, cost: OpCost) -> None:
-        """Charges one launch (an operator, a compiled graph or a kernel) to the ledger,
-        and to the profiled run's modelled timeline while a profiler records."""
-        start = self.ledger.charge(name, cost)
+    def charge(self, name: str, cost: OpCost, joined: bool = False) -> None:
+        """Charges one launch (an operator, a compiled graph or a kernel), or an operator
+        that ``joined`` the previous launch (``eager_fusion.py``), to the ledger, and to the
+        profiled run's modelled timeline while a profiler records."""
+        start = self.ledger.charge(name, cost, joined)
         if self._profiling and len(self.timeline) < TIMELINE_LAUNCHES:
             self.timeline.append((name, start, cost.seconds, cost.bound, cost.engine))
 
@@ -366,6 +370,7 @@ class Twin(TorchDispatchMode):
         """A launch the dispatch hook does not see (a compiled graph, an NKI kernel): the
         host's work up to it is charged, and its own time here is not the host's."""
         self._host_worked(time.thread_time())
+        eager_fusion.end_run()
         try:
             yield
         finally:
