@@ -357,15 +357,27 @@ def test_the_report_command(tmp_path, capsys):
 
 # ---------------------------------------------------------------- start-up
 def test_off_by_default_and_on_from_the_environment():
+    # Off, nothing of the twin is on an operator's path: no dispatch mode, no thread hook, no
+    # NKI launch observer, and its module is never imported.
     probe = """
-        import json, torch, torchneuron.target as t
+        import json, sys, threading, torch, torchneuron.target as t
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        from torchneuron.nki import torch_bridge
         p = torch.neuron.get_device_properties(0)
-        print(json.dumps({"active": t.active() is not None, "name": p.name}))"""
+        x = torch.randn(4, device="neuron")
+        (x * 2).sum().item()
+        print(json.dumps({"active": t.active() is not None, "name": p.name,
+                          "hooks": [type(m).__name__ for m in _get_current_dispatch_mode_stack()]
+                                   + [h.__name__ for h in (threading.getprofile(), torch_bridge.launch_observer) if h],
+                          "twin_imported": "torchneuron.target.twin" in sys.modules}))"""
     off = run_python(probe, unset=("TORCHNEURON_TARGET", "TORCHNEURON_MACHINE"))
-    assert off.returncode == 0 and json.loads(off.stdout.splitlines()[-1])["active"] is False, off.stderr
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout.splitlines()[-1]) == {"active": False, "name": "NeuronCore-v3 (emulated)",
+                                                       "hooks": [], "twin_imported": False}
     on = run_python(probe, env={"TORCHNEURON_TARGET": "trn3"}, unset=("TORCHNEURON_MACHINE",))
     assert on.returncode == 0, on.stderr
-    assert json.loads(on.stdout.splitlines()[-1]) == {"active": True, "name": "NeuronCore-v4 (emulated)"}
+    assert json.loads(on.stdout.splitlines()[-1]) == {"active": True, "name": "NeuronCore-v4 (emulated)",
+                                                      "hooks": ["Twin", "adopt", "charge"], "twin_imported": True}
 
 
 def test_a_target_that_contradicts_the_machine_or_a_bad_name_is_refused(monkeypatch):
