@@ -482,3 +482,70 @@ def test_fp8_and_triton_kernels_are_implicit_ties():
     assert [(f.line, f.rule, f.implicit) for f in result.findings] == [
         (3, "TNL018", True), (4, "TNL018", True), (5, "TNL018", True), (7, "TNL028", True), (8, "TNL028", True),
         (12, "TNL027", True)]
+
+
+# -- notebooks: --fix rewrites cells, the rest of the file byte for byte --------------------------
+
+def _colab(cells: list[tuple[str, str]]) -> str:
+    """A notebook as Colab saves it: two-space indent, nbformat first, a cell's source
+    before its metadata, non-ASCII as it is, no final newline."""
+    import json
+    nb = {"nbformat": 4, "nbformat_minor": 0,
+          "metadata": {"colab": {"provenance": []}, "kernelspec": {"name": "python3", "display_name": "Python 3"},
+                       "language_info": {"name": "python"}, "accelerator": "GPU"},
+          "cells": [{"cell_type": kind, "source": text.splitlines(keepends=True), "metadata": {"id": f"c{i}"},
+                     **({"execution_count": None, "outputs": []} if kind == "code" else {})}
+                    for i, (kind, text) in enumerate(cells)]}
+    return json.dumps(nb, indent=2, ensure_ascii=False)
+
+
+def _fixed_diff(tmp_path, text: str, name: str = "n.ipynb") -> tuple[str, list[str]]:
+    import difflib
+    from torchneuron.lockin.fixer import fix_path
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    fix_path(str(path), write=True)
+    after = path.read_text(encoding="utf-8")
+    changed = [ln for ln in difflib.unified_diff(text.split("\n"), after.split("\n"), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    return after, changed
+
+
+def test_a_colab_notebook_with_one_cuda_line_gets_a_one_line_diff(tmp_path):
+    text = _colab([("markdown", "# Données → GPU"), ("code", "!nvidia-smi\nimport torch\n"),
+                   ("code", "x = torch.ones(2)\ny = x.cuda()\nprint(y)")])
+    after, changed = _fixed_diff(tmp_path, text)
+    assert changed == ['-        "y = x.cuda()\\n",',
+                       f'+        "y = x.to({ACC.replace(chr(34), chr(92) + chr(34))})\\n",']
+    assert not after.endswith("\n") and "Données → GPU" in after
+
+
+def test_a_notebook_fix_that_adds_lines_keeps_the_list_layout(tmp_path):
+    import json
+    # Jupyter's own layout: one-space indent, sorted keys, a final newline; a string source too
+    nb = {"cells": [{"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": [],
+                     "source": ["import torch\n", "torch.cuda.manual_seed(0)\n", "print('é')"]},
+                    {"cell_type": "code", "execution_count": 2, "metadata": {}, "outputs": [],
+                     "source": "torch.cuda.empty_cache()\n"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    text = json.dumps(nb, indent=1, sort_keys=True) + "\n"   # non-ASCII escaped, as this writer chose
+    after, changed = _fixed_diff(tmp_path, text)
+    assert changed == ['-    "torch.cuda.manual_seed(0)\\n",',
+                       '+    "if torch.accelerator.is_available():\\n",',
+                       '+    "    torch.get_device_module().manual_seed(0)\\n",',
+                       '-   "source": "torch.cuda.empty_cache()\\n"',
+                       '+   "source": "if torch.accelerator.is_available():\\n    torch.accelerator.empty_cache()\\n"']
+    assert after.endswith("}\n") and json.loads(after)["cells"][0]["source"][-1] == "print('é')"
+
+
+def test_the_corpus_colab_notebook_changes_only_its_tying_lines(tmp_path):
+    import os
+    from lockin_testing import PATTERNS
+    path = os.path.join(PATTERNS, "colab_classifier.ipynb")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    after, changed = _fixed_diff(tmp_path, text)
+    removed = [ln for ln in changed if ln.startswith("-")]
+    # the rewritten lines are the fixable tying lines, each once, and nothing else of the file
+    assert len(removed) == 3 and all("# ties" in ln for ln in removed), changed
+    assert len(after.split("\n")) == len(text.split("\n"))

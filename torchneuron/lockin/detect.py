@@ -38,7 +38,7 @@ from .source import Source
 #: words that every finding's node contains (or a name bound on a line with one)
 TRIGGER = re.compile(r"cuda|CUDA|nccl|NCCL|cudnn|device_map|pin_memory_device|reduce-overhead|max-autotune|"
                      r"cudagraphs|flash_attention|GradScaler|Backend|nvidia-smi|\bload\b|barrier|DataParallel|data_parallel|"
-                     r"_scaled_mm|triton")
+                     r"_scaled_mm|triton|CUBLAS|CUDNN")
 
 #: what a file needs to hold for any finding: TRIGGER, or an import of a CUDA-only package
 FILE_TRIGGER = re.compile(TRIGGER.pattern + r"|\b(?:import|from)\s+(?:" +
@@ -46,10 +46,13 @@ FILE_TRIGGER = re.compile(TRIGGER.pattern + r"|\b(?:import|from)\s+(?:" +
 
 DEVICE_STRING = re.compile(r"^cuda(:[\w{}%]*)?$")
 NCCL_STRING = re.compile(r"(^|[,:])nccl($|,)")
-CUDA_ENV = re.compile(r"^(?:[A-Z0-9]+_)*CUDA(?:_[A-Z0-9]+)+$|^(?:[A-Z0-9]+_)+CUDA$")
+CUDA_ENV = re.compile(r"^(?:[A-Z0-9]+_)*CUDA(?:_[A-Z0-9]+)+$|^(?:[A-Z0-9]+_)+CUDA$|^(?:CUBLAS|CUBLASLT|CUDNN)_[A-Z0-9_]+$")
 CUDA_TENSOR_STRING = re.compile(r"^torch\.cuda\.\w*Tensor$")
 _AVAILABLE_NAME = re.compile(r"(?i)^(is_|has_)?\w*_available$")
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+#: by-hand findings whose code runs on any device as it is (DataParallel passes through without
+#: devices and replicates over the accelerator's): a CUDA test around them can still be rewritten
+_RUNS_ANYWHERE = frozenset({"TNL026"})
 #: what makes a line name CUDA; an implicit rule's finding on code that does is explicit
 NAMES_CUDA = re.compile(r"(?i)cuda|nccl|cudnn")
 #: a count of GPUs, tested before DataParallel
@@ -121,6 +124,8 @@ def _node_type(node: ast.AST) -> str:
         return "FormattedString"
     if isinstance(node, ast.keyword):
         return "Arg"
+    if isinstance(node, ast.Compare):
+        return "Comparison"
     return type(node).__name__
 
 
@@ -139,6 +144,7 @@ class Detector:
         self.available_depth = 0
         self.available_nodes: set[int] = set()
         self.count_guarded_nodes: set[int] = set()
+        self.triton_kernels: set[str] = set()     # names of functions made Triton kernels
         self.alias_names: set[str] = set()
         self._alias_re: re.Pattern | None = None
         self.parent: dict[int, ast.AST] = {}
@@ -229,6 +235,10 @@ class Detector:
                           *([stmt.returns] if stmt.returns is not None else [])]:
                     self.expr(e, scope)
             scope.bind_unknown(stmt.name, stmt.lineno)
+            if any(names.qualname(d.func if isinstance(d, ast.Call) else d, scope)[0] in TRITON_KERNEL_DECORATORS
+                   for d in stmt.decorator_list):
+                self.triton_kernels.add(stmt.name)
+                self.add_alias(stmt.name)
             inner = Scope("function", scope)
             names.bind_parameters(stmt.args, inner, stmt.lineno)
             self.block(stmt.body, inner)
@@ -408,6 +418,8 @@ class Detector:
             op, left, right = test.ops[0], test.left, test.comparators[0]
             if isinstance(op, ast.Eq) and any(isinstance(n, ast.Constant) and n.value == "cuda" for n in (left, right)):
                 return True
+            if isinstance(op, ast.In) and isinstance(left, ast.Constant) and left.value == "cuda":
+                return True
             if isinstance(left, ast.Call) and names.qualname(left.func, scope)[0] in DEVICE_COUNT_CALLS and \
                     isinstance(right, ast.Constant) and type(right.value) is int:
                 return (isinstance(op, ast.Gt) and right.value >= 0) or (isinstance(op, ast.GtE) and right.value >= 1)
@@ -425,12 +437,27 @@ class Detector:
                 return True
         return False
 
+    def uses_cuda(self, stmt: ast.stmt) -> bool:
+        """Whether ``stmt`` calls or reads something of CUDA's (a message naming it does not)."""
+        scope = self.module_scope
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Attribute) and n.attr in ("cuda", "is_cuda"):
+                return True
+            if isinstance(n, (ast.Name, ast.Attribute)):
+                q, _ = names.qualname(n, scope)
+                if q is not None and _tracked(q):
+                    return True
+        return False
+
     def only_reports(self, stmt: ast.If) -> bool:
-        """Whether both branches of ``stmt`` only print or log."""
+        """Whether both branches of ``stmt`` only print or log, and what they print names
+        nothing of CUDA's (else the test guards CUDA-only code)."""
         body = [*stmt.body, *stmt.orelse]
         for s in body:
             if isinstance(s, ast.Pass):
                 continue
+            if self.hot(s.lineno, s.end_lineno) and self.uses_cuda(s):
+                return False
             if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)):
                 return False
             func = s.value.func
@@ -462,7 +489,7 @@ class Detector:
         for part in parts:
             if isinstance(part, ast.Call):
                 q, _ = names.qualname(part.func, scope)
-                if q in CAPABILITY_GUARDS:
+                if q in CAPABILITY_GUARDS or (q == "shutil.which" and _names_nvidia_smi(part)):
                     return "capability"
                 name = part.func.attr if isinstance(part.func, ast.Attribute) else \
                     part.func.id if isinstance(part.func, ast.Name) else ""
@@ -632,6 +659,9 @@ class Detector:
     def call(self, call: ast.Call, scope: Scope) -> None:
         func = call.func
         q, _ = names.qualname(func, scope)
+        if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name) and \
+                func.value.id in self.triton_kernels:
+            self.report(call, "TNL028", f"launches the Triton kernel {func.value.id}")
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and q is None:
             ok = not any(isinstance(a, ast.Starred) for a in call.args) and len(call.args) <= 1 and \
                 all(k.arg in ("device", "non_blocking", "memory_format") for k in call.keywords)
@@ -741,8 +771,11 @@ class Detector:
     def device_map(self, value: ast.AST, scope: Scope) -> None:
         value = names.follow(value, scope)
         candidates = [value]
-        if isinstance(value, ast.Dict):
-            candidates = [names.follow(v, scope) for v in value.values]
+        if isinstance(value, ast.IfExp):
+            candidates = [names.follow(v, scope) for v in (value.body, value.orelse)]
+        for v in list(candidates):
+            if isinstance(v, ast.Dict):
+                candidates += [names.follow(x, scope) for x in v.values]
         for v in candidates:
             if isinstance(v, ast.Constant) and type(v.value) is int:
                 self.report(v, "TNL015", f"places the model on GPU {v.value} (an integer device_map)",
@@ -754,6 +787,8 @@ class Detector:
         if len(v) > 80:
             return
         parent = self.parent.get(id(node))
+        if isinstance(parent, ast.Call) and names.qualname(parent.func, scope)[0] == "shutil.which":
+            return   # looking for a tool is how code says it runs only where the tool is
         if isinstance(parent, ast.Compare) and self.test_if is not None and self.only_reports(self.test_if) and \
                 (v == "nccl" or DEVICE_STRING.match(v)):
             return   # a backend or device name compared only to say which one runs
@@ -761,13 +796,16 @@ class Detector:
             self.report(node, "TNL010", f"names the NCCL backend ({v!r})", "no backend argument")
         elif DEVICE_STRING.match(v):
             fixable = fixable and not self.in_literal_type(node)
-            # compared equal: None without an accelerator, so a CPU device's type never matches
-            compare = isinstance(parent, ast.Compare) and not any(
-                isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops)
+            compare = isinstance(parent, ast.Compare)
             also = [self.amp_device[id(node)]] if id(node) in self.amp_device else []
+            spec = self.spec("device_string", node, compare=compare, also=also)
+            if compare and parent.left is node and len(parent.ops) == 1 and \
+                    isinstance(parent.ops[0], (ast.In, ast.NotIn)):
+                # "cuda" in device: False without an accelerator, as it was on a machine without CUDA
+                spec = self.spec("device_in", parent, negate=isinstance(parent.ops[0], ast.NotIn))
             f = self.report(node, "TNL003", f"names the CUDA device ({v!r})",
                             "torch.accelerator.current_accelerator().type" + ("" if v == "cuda" else " + ':...'"),
-                            self.spec("device_string", node, compare=compare, also=also), fixable)
+                            spec, fixable)
             if f is not None:
                 f.literal = v if v == "cuda" or v[5:].isdigit() else "cuda:"
         elif v.startswith("NCCL_"):
@@ -802,7 +840,8 @@ class Detector:
         changed = True
         while changed:
             changed = False
-            by_hand_under = {g for f in self.findings if not f.fixable and not f.guarded for g in f.enclosing}
+            by_hand_under = {g for f in self.findings if not f.fixable and not f.guarded
+                             and f.rule not in _RUNS_ANYWHERE for g in f.enclosing}
             for f in self.findings:
                 if f.fixable and f.test_of in by_hand_under:
                     f.fixable, f.fix = False, None
@@ -853,6 +892,10 @@ def _imports_everywhere(name: str) -> bool:
     """``torch.backends.cudnn`` and ``torch.backends.cuda`` import on every machine: only
     their settings tie, and those are found through the import's name."""
     return name.startswith("torch.backends.")
+
+
+def _names_nvidia_smi(call: ast.Call) -> bool:
+    return any(isinstance(a, ast.Constant) and a.value == "nvidia-smi" for a in call.args)
 
 
 def _ends(body: list[ast.stmt]) -> bool:

@@ -184,6 +184,19 @@ class _Rewriter(cst.CSTTransformer):
         text = f"f{quote}{{{self.text(template, inner)}}}{rest}{quote}"
         return cst.parse_expression(text).with_changes(lpar=node.lpar, rpar=node.rpar)
 
+    def fix_device_in(self, node: cst.Comparison, spec):
+        """``"cuda" in device`` -> ``torch.accelerator.is_available() and <its type> in device``."""
+        test = cst.Comparison(left=self.code(ACCELERATOR_TYPE_THERE), comparisons=[
+            cst.ComparisonTarget(operator=cst.In(), comparator=node.comparisons[0].comparator)])
+        if not self.available:
+            test = cst.BooleanOperation(left=self.code(AVAILABLE), operator=cst.And(), right=test)
+        if spec.params.get("negate"):
+            test = cst.UnaryOperation(operator=cst.Not(), expression=test.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if not self.available else test)
+        if isinstance(test, cst.Comparison) and not node.lpar:
+            return test
+        return self.parenthesized(test, node)
+
     def fix_device_fstring(self, node: cst.FormattedString, spec):
         first = node.parts[0]
         rest = first.value[len("cuda"):]
