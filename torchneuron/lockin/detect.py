@@ -37,7 +37,7 @@ from .source import Source
 
 #: words that every finding's node contains (or a name bound on a line with one)
 TRIGGER = re.compile(r"cuda|CUDA|nccl|NCCL|cudnn|device_map|pin_memory_device|reduce-overhead|max-autotune|"
-                     r"cudagraphs|flash_attention|GradScaler|Backend|nvidia-smi|\bload\b|barrier|DataParallel|data_parallel|"
+                     r"cudagraphs|flash_attention|GradScaler|Backend|nvidia-smi|\bload\(|barrier|DataParallel|data_parallel|"
                      r"_scaled_mm|triton|CUBLAS|CUDNN")
 
 #: what a file needs to hold for any finding: TRIGGER, or an import of a CUDA-only package

@@ -435,5 +435,7 @@ def _file_text(path: str) -> str:
 
 def unified_diff(fix: FixResult) -> str:
     name = os.path.relpath(fix.path) if os.path.isabs(fix.path) else fix.path
-    return "".join(difflib.unified_diff(fix.original.splitlines(keepends=True), fix.fixed.splitlines(keepends=True),
-                                        fromfile=f"a/{name}", tofile=f"b/{name}"))
+    lines = difflib.unified_diff(fix.original.splitlines(keepends=True), fix.fixed.splitlines(keepends=True),
+                                 fromfile=f"a/{name}", tofile=f"b/{name}")
+    # a last line without a newline (Colab's notebooks end so) is marked as diff marks it
+    return "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines)

@@ -1,10 +1,14 @@
 """Attention choosing its kernels by GPU (x-transformers' Attend style): flash on A100s, math elsewhere."""
+import os
 from collections import namedtuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.amp import autocast
+
+if os.environ.get("ATTEND_FLASH_ATTN") == "1":
+    from flash_attn import flash_attn_func  # ties-implicit: TNL018
 
 Config = namedtuple("Config", ["enable_flash", "enable_math", "enable_mem_efficient"])
 
