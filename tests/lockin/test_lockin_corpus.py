@@ -22,9 +22,8 @@ from torchneuron.lockin import analyse_file
 from torchneuron.lockin.fixer import fix_path
 from torchneuron.lockin.source import read_notebook
 
-from lockin_testing import (LABELLED, NEUTRAL, PATTERNS, ROOT, SETTINGS, SETTINGS_DIR, comments, corpus_files, labels,
-                            marked_lines, setting_runs)
-from test_lockin_settings import check_run
+from lockin_testing import (LABELLED, NEUTRAL, PATTERNS, ROOT, SETTINGS, SETTINGS_DIR, check_run, comments,
+                            corpus_files, labels, marked_lines, setting_runs)
 
 #: issue 57's bars
 EXPLICIT_RECALL_MIN, RECALL_MIN, PRECISION_MIN = 0.99, 0.90, 0.99

@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from lockin_testing import SETTINGS, SETTINGS_DIR, corpus_files, setting_runs
+from lockin_testing import SETTINGS, SETTINGS_DIR, check_run, corpus_files, setting_runs
 
 PROGRAMS = corpus_files(SETTINGS_DIR)
 
@@ -21,26 +21,6 @@ PROGRAMS = corpus_files(SETTINGS_DIR)
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     return setting_runs(tmp_path_factory.getbasetemp() / "setting_runs")[0]
-
-
-#: programs that compare a tensor's device type with the accelerator's: the CUDA stand-in
-#: reports a CUDA accelerator but computes on the CPU, so there a fixed program's tensors
-#: are not on "cuda" while the original's .is_cuda, redirected, says they are; and neither
-#: redirection reaches a comparison of a string with "cuda" in the original. Where the
-#: output cannot agree, only that the fixed program runs is checked.
-DEVICE_TYPE_READERS = {"cuda": {"is_cuda.py", "device_type_compare.py", "jupyter_matmul.ipynb"},
-                       "neuron": {"device_type_compare.py"}, "cpu": set()}
-
-
-def check_run(runs, setting, name):
-    """Where the original ran, the fixed program runs and prints the same."""
-    original, fixed = runs[setting][name]["original"], runs[setting][name]["fixed"]
-    if original["exit"] != 0:
-        return False
-    assert fixed["exit"] == 0, fixed["error"]
-    if name not in DEVICE_TYPE_READERS[setting]:
-        assert fixed["stdout"] == original["stdout"]
-    return True
 
 
 @pytest.mark.parametrize("setting", SETTINGS)
