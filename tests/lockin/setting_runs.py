@@ -16,14 +16,21 @@ in one of three settings (test_lockin_settings.py starts one process per setting
 
     python setting_runs.py SETTING OUT.json FIXED_DIR PROGRAM...
 
+A notebook runs as its code cells in order, IPython's magics left out (the
+CPU-only setting cannot import torchneuron.lockin's notebook reader: it would
+load the backend). Global settings a program changes (matmul precision, cuDNN
+flags) are put back before each run.
+
 OUT.json: {program: {"original"|"fixed": {"exit": 0|1, "stdout": ..., "error": ...}}}.
 """
 import contextlib
 import io
 import json
+import linecache
 import os
 import runpy
 import sys
+import time
 import traceback
 import warnings
 
@@ -32,22 +39,60 @@ import torch
 warnings.simplefilter("ignore")
 
 
+_FLAGS = (torch.get_float32_matmul_precision(), torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+          torch.backends.cudnn.allow_tf32)
+
+
+def _reset() -> None:
+    torch.set_float32_matmul_precision(_FLAGS[0])
+    (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic,
+     torch.backends.cudnn.allow_tf32) = _FLAGS[1:]
+
+
+def _notebook_code(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        cells = [c for c in json.load(f)["cells"] if c["cell_type"] == "code"]
+    lines = []
+    for c in cells:
+        source = "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+        if not source.startswith("%%"):
+            lines += [ln for ln in source.split("\n") if not ln.lstrip().startswith(("!", "%"))]
+    return "\n".join(lines) + "\n"
+
+
+def _run_notebook(path: str) -> None:
+    code = _notebook_code(path)
+    filename = os.path.abspath(path)
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    exec(compile(code, filename, "exec"), {"__name__": "__main__", "__file__": filename})
+
+
 def _run(path: str) -> dict:
     out = io.StringIO()
     error = None
+    _reset()
+    t0 = time.perf_counter()
     try:
         with contextlib.redirect_stdout(out):
-            runpy.run_path(path, run_name="__main__")
+            if path.endswith(".ipynb"):
+                _run_notebook(path)
+            else:
+                runpy.run_path(path, run_name="__main__")
     except BaseException:   # the program's failure is the finding
         error = traceback.format_exc(limit=-3)
-    return {"exit": 0 if error is None else 1, "stdout": out.getvalue(), "error": error}
+    return {"exit": 0 if error is None else 1, "stdout": out.getvalue(), "error": error,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+#: made before any redirection, which would turn it into the CPU device it redirects to
+CUDA = torch.device("cuda")
 
 
 @contextlib.contextmanager
 def _accelerator_is_cuda(redirection):
     """torch.accelerator as on a machine with one CUDA device: the device module is
     the redirection's torch.cuda, which program code sees as the CPU stand-in."""
-    cuda = torch.device("cuda")
+    cuda = CUDA
     module = sys.modules["torch.cuda"]   # the proxy, inside the redirection
     stand_in = object.__getattribute__(module, "_redirected")
     patches = {

@@ -48,12 +48,33 @@ def test_json_summary_per_file_and_per_rule(program, capsys):
     s = r["summary"]
     assert (s["tying_lines"], s["fixable_lines"], s["by_hand_lines"], s["guarded_lines"]) == (3, 1, 2, 1)
     assert r["files"] == [{"path": str(program), "lines": 8, "tying_lines": 3, "fixable_lines": 1,
-                           "by_hand_lines": 2}]
+                           "by_hand_lines": 2, "implicit_lines": 0}]
     assert [(x["rule"], x["lines"], x["fixable"]) for x in r["rules"]] == [("TNL001", 1, 1), ("TNL007", 1, 0),
                                                                             ("TNL011", 1, 0)]
     assert [(f["line"], f["rule"], f["guarded"]) for f in r["findings"]] == [
         (4, "TNL007", False), (5, "TNL001", False), (7, "TNL007", True), (8, "TNL011", False)]
     assert all(f["vendor"] == "NVIDIA" and f["rewrite"] and f["guard"] for f in r["findings"])
+
+
+def test_implicit_ties_are_their_own_class(tmp_path, capsys):
+    """Ties that name no CUDA count as tying lines, and as implicit ones: in the
+    headline, per file, per rule and per finding."""
+    path = tmp_path / "kernels.py"
+    path.write_text("import torch\nimport triton\n\n\n@triton.jit\ndef add(x_ptr):\n    pass\n\n\n"
+                    "state = torch.load('ck.pt')\nx = torch.ones(1).cuda()\nimport pycuda\n")
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("5 lines tie this code to one vendor (NVIDIA): 1 fixable automatically, 4 by hand "
+                          "(3 of them implicit ties, naming no CUDA)\n"), out
+    assert "kernels.py:5:2  TNL028 hand implicit" in out and "kernels.py:11:5  TNL001 fix " in out
+    r = _json(path, capsys)
+    assert (r["summary"]["explicit_lines"], r["summary"]["implicit_lines"]) == (2, 3)
+    assert r["files"][0]["implicit_lines"] == 3
+    assert {x["rule"]: x["implicit"] for x in r["rules"]} == {"TNL001": False, "TNL018": True, "TNL024": True,
+                                                               "TNL028": True}
+    # pycuda's import names CUDA: its finding is explicit though its rule holds implicit ties
+    assert [(f["line"], f["implicit"]) for f in r["findings"]] == [(2, True), (5, True), (10, True), (11, False),
+                                                                    (12, False)]
 
 
 def _check_sarif(doc):

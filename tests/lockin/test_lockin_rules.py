@@ -51,6 +51,14 @@ CASES = {
     "TNL020": ("import torch\nprint(torch.version.cuda)\n", 2, False, None),
     "TNL021": ("import torch\nx = torch.ones(1).type(torch.cuda.FloatTensor)\n", 2, False, None),
     "TNL022": ("import subprocess\nsubprocess.run(['nvidia-smi', '-L'])\n", 2, False, None),
+    "TNL023": ("from torch.profiler import ProfilerActivity, profile\n"
+               "with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):\n    pass\n", 2, False, None),
+    "TNL024": ("import torch\nstate = torch.load('ck.pt', weights_only=True)\n", 2, False, None),
+    "TNL025": ("import torch.distributed as dist\ndist.barrier(device_ids=[rank])\n", 2, True,
+               "import torch.distributed as dist\ndist.barrier()\n"),
+    "TNL026": ("import torch.nn as nn\nmodel = nn.DataParallel(model)\n", 2, False, None),
+    "TNL027": ("import torch\ny = torch._scaled_mm(a, b, scale_a=sa, scale_b=sb)\n", 2, False, None),
+    "TNL028": ("import triton\n@triton.jit\ndef kernel(x_ptr):\n    pass\n", 2, False, None),
 }
 
 
@@ -100,7 +108,9 @@ def test_device_strings_in_their_contexts():
     assert found(code) == [(3, "TNL003", True), (3, "TNL004", True), (4, "TNL003", True), (5, "TNL003", True),
                            (6, "TNL003", True), (7, "TNL003", False)]
     out = fix(code)
-    assert f'device = ({ACC}) if torch.accelerator.is_available() else "cpu"' in out
+    # under the availability test the accelerator is there: no fallback of its own
+    assert 'device = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"' \
+        in out
     assert f'on_gpu = x.device.type == {ACC_OR_NONE}' in out   # False for a CPU tensor without an accelerator
     inner = ACC.replace('"', "'")
     assert 'name = f"{' + inner + '}:{rank}"' in out
@@ -338,3 +348,204 @@ def test_fix_keeps_formatting_and_comments():
 
 def test_source_of_a_py_file_maps_lines_to_themselves():
     assert Source("a.py", "x\n").location(7) == (None, 7)
+
+
+# -- issue 57: misses and false positives -----------------------------------------------------------
+
+def test_an_import_whose_handler_re_raises_or_exits_is_not_guarded():
+    code = """
+    try:
+        import flash_attn
+    except ImportError:
+        raise ImportError("pip install flash-attn")
+    try:
+        import apex
+    except ImportError:
+        sys.exit("apex is needed")
+    try:
+        import xformers
+    except ImportError:
+        xformers = None
+    """
+    assert [(f.line, f.guarded) for f in analyse(code).findings] == [(3, False), (7, False), (11, True)]
+
+
+def test_cudnn_imported_is_not_a_tie_its_settings_are():
+    code = """
+    import torch
+    import torch.backends.cudnn as cudnn
+    from torch.backends import cudnn as cd
+    import torch.backends.cuda as tbc
+    cudnn.benchmark = True
+    cd.deterministic = True
+    tbc.matmul.allow_tf32 = True
+    """
+    assert found(code) == [(6, "TNL007", False), (7, "TNL007", False), (8, "TNL008", True)]
+
+
+def test_a_backend_name_compared_only_to_say_which_runs_is_not_a_tie():
+    code = """
+    import torch.distributed as dist
+    if dist.get_backend() == "nccl":
+        print("using NCCL")
+    else:
+        logger.info("using %s", dist.get_backend())
+    if args.device == "cuda":
+        print("on the GPU")
+    if dist.get_backend() == "nccl":
+        dist.all_reduce(t)
+    """
+    assert found(code) == [(9, "TNL010", False)]
+
+
+def test_a_rewrite_under_an_availability_test_gets_no_second_guard():
+    code = """
+    import torch
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(0)
+        x = x.cuda()
+    use_cuda = not args.no_cuda and torch.cuda.is_available()
+    device = torch.device("cuda:0" if use_cuda else "cpu")
+    if x.is_cuda:
+        print(torch.cuda.memory_allocated())
+    scaler = torch.cuda.amp.GradScaler() if torch.cuda.device_count() > 0 else None
+    torch.cuda.empty_cache()
+    """
+    out = fix(code)
+    assert "if torch.accelerator.is_available():\n    torch.get_device_module().manual_seed_all(0)\n" \
+           "    x = x.to(torch.accelerator.current_accelerator().type)\n" in out
+    assert 'device = torch.device(f"{torch.accelerator.current_accelerator().type}:0" if use_cuda else "cpu")' in out
+    assert "    print(torch.accelerator.memory_allocated())\n" in out
+    assert "scaler = torch.amp.GradScaler(torch.accelerator.current_accelerator().type) " \
+           "if torch.accelerator.device_count() > 0 else None" in out
+    # outside any test the fallback stays
+    assert out.endswith("if torch.accelerator.is_available():\n    torch.accelerator.empty_cache()\n")
+
+
+def test_data_parallel_on_the_default_path_only():
+    code = """
+    import torch
+    import torch.nn as nn
+    model = nn.DataParallel(model)
+    if torch.cuda.device_count() > 1:
+        model = nn.DataParallel(model)
+    if args.n_gpu > 1:
+        model = torch.nn.DataParallel(model)
+    model = nn.DataParallel(model) if n_gpu > 1 else model
+    out = nn.parallel.data_parallel(module, x, range(ngpu))
+    """
+    assert [(line, rule) for line, rule, _ in found(code)] == [(4, "TNL026"), (5, "TNL004"), (10, "TNL026")]
+
+
+def test_profiler_cuda_activity_and_use_cuda():
+    code = """
+    import torch
+    from torch.profiler import ProfilerActivity as PA
+    with torch.profiler.profile(activities=[PA.CPU, PA.CUDA]) as prof:
+        pass
+    with torch.autograd.profiler.profile(use_cuda=True):
+        pass
+    print(prof.key_averages().table(sort_by="cuda_time_total"))
+    """
+    assert [(line, rule) for line, rule, _ in found(code)] == [(4, "TNL023"), (6, "TNL023")]
+
+
+def test_torch_load_without_map_location():
+    code = """
+    import torch
+    from torch import load
+    a = torch.load(path)
+    b = torch.load(path, "cpu")
+    c = torch.load(path, map_location=device, weights_only=True)
+    d = load(path, weights_only=True)
+    e = torch.load(path, **kwargs)
+    """
+    result = analyse(code)
+    assert [(f.line, f.rule, f.implicit) for f in result.findings] == [(4, "TNL024", True), (7, "TNL024", True)]
+
+
+def test_fp8_and_triton_kernels_are_implicit_ties():
+    code = """
+    import torch
+    import triton
+    import triton.language as tl
+    from triton import autotune
+
+    @autotune(configs=[], key=["n"])
+    @triton.jit
+    def kernel(x_ptr, n, BLOCK: tl.constexpr):
+        pass
+
+    y = torch._scaled_mm(a.to(torch.float8_e4m3fn), b, scale_a=s, scale_b=s)
+    """
+    result = analyse(code)
+    assert [(f.line, f.rule, f.implicit) for f in result.findings] == [
+        (3, "TNL018", True), (4, "TNL018", True), (5, "TNL018", True), (7, "TNL028", True), (8, "TNL028", True),
+        (12, "TNL027", True)]
+
+
+# -- notebooks: --fix rewrites cells, the rest of the file byte for byte --------------------------
+
+def _colab(cells: list[tuple[str, str]]) -> str:
+    """A notebook as Colab saves it: two-space indent, nbformat first, a cell's source
+    before its metadata, non-ASCII as it is, no final newline."""
+    import json
+    nb = {"nbformat": 4, "nbformat_minor": 0,
+          "metadata": {"colab": {"provenance": []}, "kernelspec": {"name": "python3", "display_name": "Python 3"},
+                       "language_info": {"name": "python"}, "accelerator": "GPU"},
+          "cells": [{"cell_type": kind, "source": text.splitlines(keepends=True), "metadata": {"id": f"c{i}"},
+                     **({"execution_count": None, "outputs": []} if kind == "code" else {})}
+                    for i, (kind, text) in enumerate(cells)]}
+    return json.dumps(nb, indent=2, ensure_ascii=False)
+
+
+def _fixed_diff(tmp_path, text: str, name: str = "n.ipynb") -> tuple[str, list[str]]:
+    import difflib
+    from torchneuron.lockin.fixer import fix_path
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    fix_path(str(path), write=True)
+    after = path.read_text(encoding="utf-8")
+    changed = [ln for ln in difflib.unified_diff(text.split("\n"), after.split("\n"), lineterm="", n=0)
+               if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    return after, changed
+
+
+def test_a_colab_notebook_with_one_cuda_line_gets_a_one_line_diff(tmp_path):
+    text = _colab([("markdown", "# Données → GPU"), ("code", "!nvidia-smi\nimport torch\n"),
+                   ("code", "x = torch.ones(2)\ny = x.cuda()\nprint(y)")])
+    after, changed = _fixed_diff(tmp_path, text)
+    assert changed == ['-        "y = x.cuda()\\n",',
+                       f'+        "y = x.to({ACC.replace(chr(34), chr(92) + chr(34))})\\n",']
+    assert not after.endswith("\n") and "Données → GPU" in after
+
+
+def test_a_notebook_fix_that_adds_lines_keeps_the_list_layout(tmp_path):
+    import json
+    # Jupyter's own layout: one-space indent, sorted keys, a final newline; a string source too
+    nb = {"cells": [{"cell_type": "code", "execution_count": 1, "metadata": {}, "outputs": [],
+                     "source": ["import torch\n", "torch.cuda.manual_seed(0)\n", "print('é')"]},
+                    {"cell_type": "code", "execution_count": 2, "metadata": {}, "outputs": [],
+                     "source": "torch.cuda.empty_cache()\n"}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    text = json.dumps(nb, indent=1, sort_keys=True) + "\n"   # non-ASCII escaped, as this writer chose
+    after, changed = _fixed_diff(tmp_path, text)
+    assert changed == ['-    "torch.cuda.manual_seed(0)\\n",',
+                       '+    "if torch.accelerator.is_available():\\n",',
+                       '+    "    torch.get_device_module().manual_seed(0)\\n",',
+                       '-   "source": "torch.cuda.empty_cache()\\n"',
+                       '+   "source": "if torch.accelerator.is_available():\\n    torch.accelerator.empty_cache()\\n"']
+    assert after.endswith("}\n") and json.loads(after)["cells"][0]["source"][-1] == "print('é')"
+
+
+def test_the_corpus_colab_notebook_changes_only_its_tying_lines(tmp_path):
+    import os
+    from lockin_testing import PATTERNS
+    path = os.path.join(PATTERNS, "colab_classifier.ipynb")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    after, changed = _fixed_diff(tmp_path, text)
+    removed = [ln for ln in changed if ln.startswith("-")]
+    # the rewritten lines are the fixable tying lines, each once, and nothing else of the file
+    assert len(removed) == 3 and all("# ties" in ln for ln in removed), changed
+    assert len(after.split("\n")) == len(text.split("\n"))

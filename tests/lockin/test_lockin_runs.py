@@ -163,6 +163,7 @@ def test_run_mode_redirects_load_generator_nccl_and_profiler(tmp_path):
                                               torch.device("neuron", 0))
     assert ProfilerActivity.CUDA not in prof.activities and ProfilerActivity.PrivateUse1 in prof.activities
     assert {s["to"] for s in r.sites} >= {"neuron", "{'cpu': 'neuron:1'}"}
+    assert [s["rule"] for s in r.sites if "profile" in s["what"]] == ["TNL023"]
     assert _without_nccl("nccl", "neuron", "neuron") == "neuron"
     assert _without_nccl("cpu:gloo,cuda:nccl", "neuron", "neuron") == "cpu:gloo,neuron:neuron"
     assert _without_nccl("cpu:gloo,cuda:nccl", "gloo", "cpu") == "cpu:gloo"

@@ -29,14 +29,16 @@ from dataclasses import dataclass, field
 
 from . import names
 from .names import Binding, Lines, Scope
-from .rules import (AMP_DEVICE_CALLS, CAPABILITY_GUARDS, CUDA_AMP, CUDA_API, CUDA_GRAPH_COMPILE_MODES, CUDA_GRAPH_NAMES,
-                    CUDA_ONLY_HINTS, CUDA_ONLY_PACKAGES, CUDA_TENSOR_TYPES, FLASH_ATTENTION_IMPLEMENTATIONS,
-                    MATMUL_PRECISION, PROCESS_GROUP_CALLS, RULES)
+from .rules import (AMP_DEVICE_CALLS, AVAILABILITY_CALLS, CAPABILITY_GUARDS, CUDA_AMP, CUDA_API,
+                    CUDA_GRAPH_COMPILE_MODES, CUDA_GRAPH_NAMES, CUDA_ONLY_HINTS, CUDA_ONLY_PACKAGES, CUDA_TENSOR_TYPES,
+                    DATA_PARALLEL, DEVICE_COUNT_CALLS, FLASH_ATTENTION_IMPLEMENTATIONS, MATMUL_PRECISION,
+                    PROCESS_GROUP_CALLS, PROFILER_CALLS, PROFILER_CUDA, RULES, TRITON_KERNEL_DECORATORS)
 from .source import Source
 
 #: words that every finding's node contains (or a name bound on a line with one)
 TRIGGER = re.compile(r"cuda|CUDA|nccl|NCCL|cudnn|device_map|pin_memory_device|reduce-overhead|max-autotune|"
-                     r"cudagraphs|flash_attention|GradScaler|Backend|nvidia-smi")
+                     r"cudagraphs|flash_attention|GradScaler|Backend|nvidia-smi|\bload\(|barrier|DataParallel|data_parallel|"
+                     r"_scaled_mm|triton|CUBLAS|CUDNN")
 
 #: what a file needs to hold for any finding: TRIGGER, or an import of a CUDA-only package
 FILE_TRIGGER = re.compile(TRIGGER.pattern + r"|\b(?:import|from)\s+(?:" +
@@ -44,10 +46,20 @@ FILE_TRIGGER = re.compile(TRIGGER.pattern + r"|\b(?:import|from)\s+(?:" +
 
 DEVICE_STRING = re.compile(r"^cuda(:[\w{}%]*)?$")
 NCCL_STRING = re.compile(r"(^|[,:])nccl($|,)")
-CUDA_ENV = re.compile(r"^(?:[A-Z0-9]+_)*CUDA(?:_[A-Z0-9]+)+$|^(?:[A-Z0-9]+_)+CUDA$")
+CUDA_ENV = re.compile(r"^(?:[A-Z0-9]+_)*CUDA(?:_[A-Z0-9]+)+$|^(?:[A-Z0-9]+_)+CUDA$|^(?:CUBLAS|CUBLASLT|CUDNN)_[A-Z0-9_]+$")
 CUDA_TENSOR_STRING = re.compile(r"^torch\.cuda\.\w*Tensor$")
 _AVAILABLE_NAME = re.compile(r"(?i)^(is_|has_)?\w*_available$")
 _IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+#: by-hand findings whose code runs on any device as it is (DataParallel passes through without
+#: devices and replicates over the accelerator's): a CUDA test around them can still be rewritten
+_RUNS_ANYWHERE = frozenset({"TNL026"})
+#: what makes a line name CUDA; an implicit rule's finding on code that does is explicit
+NAMES_CUDA = re.compile(r"(?i)cuda|nccl|cudnn")
+#: a count of GPUs, tested before DataParallel
+_GPU_COUNT_NAME = re.compile(r"(?i)^n_?gpus?$|^num_gpus$|^gpu_count$|^world_size$")
+#: calls that only report: a branch made of them changes nothing a program computes
+_REPORTING = frozenset({"print", "info", "warning", "warn", "debug", "log", "write", "print0", "log0",
+                        "set_postfix", "set_description"})
 
 
 @dataclass
@@ -73,6 +85,7 @@ class Finding:
     guard: str                # what to do by hand
     cell: int | None = None   # notebook cell, from 1
     guarded: bool = False     # under a capability or import guard: reported, not counted
+    implicit: bool = False    # the tie names no CUDA (rules.Rule.implicit): a class of its own in the report
     origin: str = "static"    # or "runtime" (redirect.py)
     snippet: str = ""
     literal: str | None = None   # a device string's value ("cuda:" for one built on a "cuda:" prefix)
@@ -90,7 +103,7 @@ class Finding:
         return {"path": self.path, "cell": self.cell, "line": self.line, "column": self.column,
                 "rule": self.rule, "name": RULES[self.rule].name, "vendor": self.vendor, "message": self.message,
                 "rewrite": self.rewrite, "fixable": self.fixable, "guard": self.guard, "guarded": self.guarded,
-                "origin": self.origin, "snippet": self.snippet}
+                "implicit": self.implicit, "origin": self.origin, "snippet": self.snippet}
 
 
 @dataclass
@@ -111,6 +124,8 @@ def _node_type(node: ast.AST) -> str:
         return "FormattedString"
     if isinstance(node, ast.keyword):
         return "Arg"
+    if isinstance(node, ast.Compare):
+        return "Comparison"
     return type(node).__name__
 
 
@@ -122,6 +137,14 @@ class Detector:
         self.reported: set[int] = set()          # id() of nodes a finding is on, or that a rule consumed
         self.guards: list[tuple[str, int]] = []  # (kind, id of the If/Try) around the current statement
         self.test_of: int | None = None
+        self.test_if: ast.If | None = None        # the If whose test is being walked
+        self.if_tests: list[tuple[ast.AST, bool]] = []   # (test, in its body) of the Ifs around the statement
+        # where the code runs only with a device: under a test of CUDA's (or the accelerator's)
+        # availability; id() of nodes under such a conditional expression
+        self.available_depth = 0
+        self.available_nodes: set[int] = set()
+        self.count_guarded_nodes: set[int] = set()
+        self.triton_kernels: set[str] = set()     # names of functions made Triton kernels
         self.alias_names: set[str] = set()
         self._alias_re: re.Pattern | None = None
         self.parent: dict[int, ast.AST] = {}
@@ -165,10 +188,15 @@ class Detector:
         enclosing = tuple(g for _, g in self.guards)
         guarded = any(kind == "capability" for kind, _ in self.guards) or (
             rule == "TNL018" and any(kind in ("package", "try-import") for kind, _ in self.guards))
+        implicit = r.implicit and not NAMES_CUDA.search(ast.unparse(node))
+        if fixable and (self.available_depth or id(node) in self.available_nodes):
+            # under a test that a device is there: the rewrite needs no fallback for a machine without
+            for s in (fix, *fix.params.get("also", ())):
+                s.params["available"] = True
         f = Finding(self.source.path, cell_line, self.lines.char_column(line, node.col_offset) + 1, rule, message,
                     rewrite or r.rewrite.replace("`", ""), fixable, r.guard, cell, guarded,
                     snippet=self.lines.lines[line - 1].strip(), text_line=line, fix=fix if fixable else None,
-                    enclosing=enclosing, test_of=self.test_of)
+                    enclosing=enclosing, test_of=self.test_of, implicit=implicit)
         self.findings.append(f)
         if binding is not None and binding.import_node is not None:
             binding.uses.append(f)
@@ -207,6 +235,10 @@ class Detector:
                           *([stmt.returns] if stmt.returns is not None else [])]:
                     self.expr(e, scope)
             scope.bind_unknown(stmt.name, stmt.lineno)
+            if any(names.qualname(d.func if isinstance(d, ast.Call) else d, scope)[0] in TRITON_KERNEL_DECORATORS
+                   for d in stmt.decorator_list):
+                self.triton_kernels.add(stmt.name)
+                self.add_alias(stmt.name)
             inner = Scope("function", scope)
             names.bind_parameters(stmt.args, inner, stmt.lineno)
             self.block(stmt.body, inner)
@@ -311,10 +343,12 @@ class Detector:
         if isinstance(stmt, ast.Import):
             for alias, b in zip(stmt.names, made):
                 if _is_cuda_module(alias.name):
-                    cuda_names.append(alias.name)
                     if alias.asname:
-                        cuda_bindings.append(b)
                         self.add_alias(b.name)
+                    if not _imports_everywhere(alias.name):
+                        cuda_names.append(alias.name)
+                        if alias.asname:
+                            cuda_bindings.append(b)
                 if _is_cuda_only_package(alias.name):
                     packages.append(alias.name)
         elif not stmt.level:
@@ -322,8 +356,11 @@ class Detector:
             for alias, b in zip([a for a in stmt.names if a.name != "*"], made):
                 full = f"{module}.{alias.name}"
                 if _is_cuda_module(full) or _is_cuda_module(module):
-                    cuda_names.append(full)
-                    cuda_bindings.append(b)
+                    self.add_alias(b.name)
+                    if not _imports_everywhere(full):
+                        cuda_names.append(full)
+                        cuda_bindings.append(b)
+                elif full in TRITON_KERNEL_DECORATORS:
                     self.add_alias(b.name)
                 elif full in ("torch.utils.cpp_extension.CUDAExtension", "torch.utils.cpp_extension.CUDA_HOME"):
                     self.add_alias(b.name)
@@ -331,7 +368,8 @@ class Detector:
                 if _is_cuda_only_package(module) or _is_cuda_only_package(full):
                     packages.append(full if _is_cuda_only_package(full) and not _is_cuda_only_package(module)
                                     else module)
-            if any(a.name == "*" for a in stmt.names) and _is_cuda_module(module):
+            if any(a.name == "*" for a in stmt.names) and _is_cuda_module(module) and \
+                    not _imports_everywhere(module):
                 cuda_names.append(module + ".*")
         if cuda_names:
             f = self.report(stmt, "TNL005", "imports " + ", ".join(cuda_names),
@@ -347,19 +385,92 @@ class Detector:
 
     def if_statement(self, stmt: ast.If, scope: Scope) -> None:
         kind = self.guard_kind(stmt.test, scope)
+        available = self.implies_device(stmt.test, scope)
         if self.hot(stmt.test.lineno, stmt.test.end_lineno):
-            self.test_of = id(stmt)
+            self.test_of, self.test_if = id(stmt), stmt
             self.expr(stmt.test, scope)
-            self.test_of = None
+            self.test_of = self.test_if = None
         self.guards.append((kind or "test", id(stmt)))
+        self.if_tests.append((stmt.test, True))
+        self.available_depth += available
         self.block(stmt.body, scope)
+        self.available_depth -= available
         self.guards[-1] = ("test", id(stmt))
+        self.if_tests[-1] = (stmt.test, False)
         self.block(stmt.orelse, scope)
+        self.if_tests.pop()
         self.guards.pop()
 
+    def implies_device(self, test: ast.AST, scope: Scope, depth: int = 3) -> bool:
+        """Whether ``test`` is true only where there is a CUDA device (after --fix: an
+        accelerator): CUDA's availability or a device count above zero, a ``"cuda"``
+        device type compared equal, ``.is_cuda``; a name bound to one of them."""
+        if isinstance(test, ast.Name) and depth:
+            value = names.follow(test, scope, depth=1)
+            return value is not test and self.implies_device(value, scope, depth - 1)
+        if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+            return any(self.implies_device(v, scope, depth) for v in test.values)
+        if isinstance(test, ast.Call):
+            return names.qualname(test.func, scope)[0] in AVAILABILITY_CALLS
+        if isinstance(test, ast.Attribute):
+            return test.attr == "is_cuda"
+        if isinstance(test, ast.Compare) and len(test.ops) == 1:
+            op, left, right = test.ops[0], test.left, test.comparators[0]
+            if isinstance(op, ast.Eq) and any(isinstance(n, ast.Constant) and n.value == "cuda" for n in (left, right)):
+                return True
+            if isinstance(op, ast.In) and isinstance(left, ast.Constant) and left.value == "cuda":
+                return True
+            if isinstance(left, ast.Call) and names.qualname(left.func, scope)[0] in DEVICE_COUNT_CALLS and \
+                    isinstance(right, ast.Constant) and type(right.value) is int:
+                return (isinstance(op, ast.Gt) and right.value >= 0) or (isinstance(op, ast.GtE) and right.value >= 1)
+        return False
+
+    def tests_gpu_count(self, test: ast.AST, scope: Scope) -> bool:
+        """Whether ``test`` looks at how many GPUs there are (or whether there is one)."""
+        if self.implies_device(test, scope):
+            return True
+        for n in ast.walk(test):
+            if isinstance(n, ast.Call) and names.qualname(n.func, scope)[0] in DEVICE_COUNT_CALLS:
+                return True
+            if isinstance(n, (ast.Name, ast.Attribute)) and \
+                    _GPU_COUNT_NAME.match(n.id if isinstance(n, ast.Name) else n.attr):
+                return True
+        return False
+
+    def uses_cuda(self, stmt: ast.stmt) -> bool:
+        """Whether ``stmt`` calls or reads something of CUDA's (a message naming it does not)."""
+        scope = self.module_scope
+        for n in ast.walk(stmt):
+            if isinstance(n, ast.Attribute) and n.attr in ("cuda", "is_cuda"):
+                return True
+            if isinstance(n, (ast.Name, ast.Attribute)):
+                q, _ = names.qualname(n, scope)
+                if q is not None and _tracked(q):
+                    return True
+        return False
+
+    def only_reports(self, stmt: ast.If) -> bool:
+        """Whether both branches of ``stmt`` only print or log, and what they print names
+        nothing of CUDA's (else the test guards CUDA-only code)."""
+        body = [*stmt.body, *stmt.orelse]
+        for s in body:
+            if isinstance(s, ast.Pass):
+                continue
+            if self.hot(s.lineno, s.end_lineno) and self.uses_cuda(s):
+                return False
+            if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Call)):
+                return False
+            func = s.value.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name not in _REPORTING:
+                return False
+        return True
+
     def try_statement(self, stmt: ast.Try, scope: Scope) -> None:
-        catches_import = any(h.type is None or any(
-            isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in ast.walk(h.type)) for h in stmt.handlers)
+        # an import is optional when a handler of its ImportError goes on without it
+        catches_import = any((h.type is None or any(
+            isinstance(n, ast.Name) and n.id in _IMPORT_ERRORS for n in ast.walk(h.type))) and not _ends(h.body)
+            for h in stmt.handlers)
         self.guards.append(("try-import" if catches_import else "try", id(stmt)))
         self.block(stmt.body, scope)
         self.guards.pop()
@@ -378,7 +489,7 @@ class Detector:
         for part in parts:
             if isinstance(part, ast.Call):
                 q, _ = names.qualname(part.func, scope)
-                if q in CAPABILITY_GUARDS:
+                if q in CAPABILITY_GUARDS or (q == "shutil.which" and _names_nvidia_smi(part)):
                     return "capability"
                 name = part.func.attr if isinstance(part.func, ast.Attribute) else \
                     part.func.id if isinstance(part.func, ast.Name) else ""
@@ -454,6 +565,16 @@ class Detector:
         if isinstance(node, ast.Compare):
             self.accelerator_is_cuda(node, scope)
             return True
+        if isinstance(node, ast.IfExp):
+            if self.implies_device(node.test, scope):
+                self.available_nodes.update(id(n) for n in ast.walk(node.body))
+            if self.tests_gpu_count(node.test, scope):
+                self.count_guarded_nodes.update(id(n) for n in ast.walk(node.body))
+        elif isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And):
+            for i, v in enumerate(node.values[:-1]):
+                if self.implies_device(v, scope):
+                    self.available_nodes.update(id(n) for w in node.values[i + 1:] for n in ast.walk(w))
+                    break
         return True
 
     def reference(self, node: ast.AST, q: str, binding: Binding | None, parent: ast.AST | None, scope: Scope,
@@ -461,6 +582,10 @@ class Detector:
         """A name or attribute chain that resolves to something CUDA's (``q``)."""
         if q in CAPABILITY_GUARDS:
             return   # a capability test is how code says it runs only where CUDA is
+        if q in PROFILER_CUDA:
+            return self.report(node, "TNL023", f"profiles CUDA kernels ({q})", fixable=False, binding=binding)
+        if q in TRITON_KERNEL_DECORATORS:
+            return self.report(node, "TNL028", f"makes a Triton kernel ({q})", fixable=False, binding=binding)
         parts = q.split(".")
         called = isinstance(parent, ast.Call) and parent.func is node
         store = isinstance(getattr(node, "ctx", None), (ast.Store, ast.Del))
@@ -534,6 +659,9 @@ class Detector:
     def call(self, call: ast.Call, scope: Scope) -> None:
         func = call.func
         q, _ = names.qualname(func, scope)
+        if isinstance(func, ast.Subscript) and isinstance(func.value, ast.Name) and \
+                func.value.id in self.triton_kernels:
+            self.report(call, "TNL028", f"launches the Triton kernel {func.value.id}")
         if isinstance(func, ast.Attribute) and func.attr == "cuda" and q is None:
             ok = not any(isinstance(a, ast.Starred) for a in call.args) and len(call.args) <= 1 and \
                 all(k.arg in ("device", "non_blocking", "memory_format") for k in call.keywords)
@@ -552,6 +680,23 @@ class Detector:
                 self.amp_device[id(device)] = self.spec("amp_enabled", call, at=AMP_DEVICE_CALLS[q])
         if q in PROCESS_GROUP_CALLS:
             self.process_group(call, q)
+        if q == "torch.load" and len(call.args) < 2 and \
+                not any(k.arg in ("map_location", None) for k in call.keywords):
+            self.report(call, "TNL024", "loads without map_location: tensors saved on CUDA come back on CUDA")
+        if q in ("torch.distributed.barrier", "torch.distributed.distributed_c10d.barrier"):
+            for k in call.keywords:
+                if k.arg == "device_ids":
+                    self.report(k, "TNL025", "passes device_ids to barrier, which only NCCL takes", "dist.barrier()",
+                                self.spec("drop_arg", k))
+        if q in DATA_PARALLEL and id(call) not in self.count_guarded_nodes and \
+                not any(in_body and self.tests_gpu_count(t, scope) for t, in_body in self.if_tests):
+            self.report(call, "TNL026", f"wraps the model in {q.rsplit('.', 1)[-1]} on every run")
+        if q == "torch._scaled_mm":
+            self.report(call, "TNL027", "multiplies in fp8 (torch._scaled_mm)")
+        if q in PROFILER_CALLS:
+            for k in call.keywords:
+                if k.arg == "use_cuda":
+                    self.report(k, "TNL023", "profiles CUDA kernels (use_cuda=)")
         if q == "torch.compile" or (q is None and isinstance(func, ast.Attribute) and func.attr == "compile"
                                     and any(k.arg == "mode" for k in call.keywords)):
             self.compile_call(call, scope)
@@ -626,8 +771,11 @@ class Detector:
     def device_map(self, value: ast.AST, scope: Scope) -> None:
         value = names.follow(value, scope)
         candidates = [value]
-        if isinstance(value, ast.Dict):
-            candidates = [names.follow(v, scope) for v in value.values]
+        if isinstance(value, ast.IfExp):
+            candidates = [names.follow(v, scope) for v in (value.body, value.orelse)]
+        for v in list(candidates):
+            if isinstance(v, ast.Dict):
+                candidates += [names.follow(x, scope) for x in v.values]
         for v in candidates:
             if isinstance(v, ast.Constant) and type(v.value) is int:
                 self.report(v, "TNL015", f"places the model on GPU {v.value} (an integer device_map)",
@@ -638,15 +786,26 @@ class Detector:
         v = node.value
         if len(v) > 80:
             return
+        parent = self.parent.get(id(node))
+        if isinstance(parent, ast.Call) and names.qualname(parent.func, scope)[0] == "shutil.which":
+            return   # looking for a tool is how code says it runs only where the tool is
+        if isinstance(parent, ast.Compare) and self.test_if is not None and self.only_reports(self.test_if) and \
+                (v == "nccl" or DEVICE_STRING.match(v)):
+            return   # a backend or device name compared only to say which one runs
         if NCCL_STRING.search(v):
             self.report(node, "TNL010", f"names the NCCL backend ({v!r})", "no backend argument")
         elif DEVICE_STRING.match(v):
             fixable = fixable and not self.in_literal_type(node)
-            compare = isinstance(self.parent.get(id(node)), ast.Compare)
+            compare = isinstance(parent, ast.Compare)
             also = [self.amp_device[id(node)]] if id(node) in self.amp_device else []
+            spec = self.spec("device_string", node, compare=compare, also=also)
+            if compare and parent.left is node and len(parent.ops) == 1 and \
+                    isinstance(parent.ops[0], (ast.In, ast.NotIn)):
+                # "cuda" in device: False without an accelerator, as it was on a machine without CUDA
+                spec = self.spec("device_in", parent, negate=isinstance(parent.ops[0], ast.NotIn))
             f = self.report(node, "TNL003", f"names the CUDA device ({v!r})",
                             "torch.accelerator.current_accelerator().type" + ("" if v == "cuda" else " + ':...'"),
-                            self.spec("device_string", node, compare=compare, also=also), fixable)
+                            spec, fixable)
             if f is not None:
                 f.literal = v if v == "cuda" or v[5:].isdigit() else "cuda:"
         elif v.startswith("NCCL_"):
@@ -681,7 +840,8 @@ class Detector:
         changed = True
         while changed:
             changed = False
-            by_hand_under = {g for f in self.findings if not f.fixable and not f.guarded for g in f.enclosing}
+            by_hand_under = {g for f in self.findings if not f.fixable and not f.guarded
+                             and f.rule not in _RUNS_ANYWHERE for g in f.enclosing}
             for f in self.findings:
                 if f.fixable and f.test_of in by_hand_under:
                     f.fixable, f.fix = False, None
@@ -724,7 +884,31 @@ def _amp_rewrite(member: str) -> str:
 def _tracked(q: str) -> bool:
     return q.startswith(("torch.cuda", "torch.backends.cudnn", "torch.backends.cuda", "torch.version.cuda",
                          "torch.utils.cpp_extension.CUDA", "torch._inductor.config.triton.cudagraphs")) or \
-        q in ("torch.Tensor.cuda", "torch.nn.Module.cuda", "torch.Tensor.is_cuda", "torch.distributed.Backend.NCCL")
+        q in ("torch.Tensor.cuda", "torch.nn.Module.cuda", "torch.Tensor.is_cuda", "torch.distributed.Backend.NCCL") \
+        or q in PROFILER_CUDA or q in TRITON_KERNEL_DECORATORS
+
+
+def _imports_everywhere(name: str) -> bool:
+    """``torch.backends.cudnn`` and ``torch.backends.cuda`` import on every machine: only
+    their settings tie, and those are found through the import's name."""
+    return name.startswith("torch.backends.")
+
+
+def _names_nvidia_smi(call: ast.Call) -> bool:
+    return any(isinstance(a, ast.Constant) and a.value == "nvidia-smi" for a in call.args)
+
+
+def _ends(body: list[ast.stmt]) -> bool:
+    """Whether a handler's block re-raises or exits: the program stops without the import."""
+    for s in body:
+        if isinstance(s, ast.Raise):
+            return True
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Call):
+            func = s.value.func
+            name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            if name in ("exit", "quit", "_exit"):
+                return True
+    return False
 
 
 def _is_cuda_module(name: str) -> bool:

@@ -19,7 +19,8 @@ import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from .detect import FileResult, FixSpec, analyse_source
-from .source import Source, cell_source, read, split_cells, write_notebook
+from .notebook_text import rewrite_cells
+from .source import Source, cell_source, read, split_cells
 
 #: the accelerator's device type, "cpu" on a machine without one (where
 #: ``current_accelerator()`` is None, or names a device that is not there): a
@@ -30,6 +31,9 @@ ACCELERATOR_TYPE = ('{torch}.accelerator.current_accelerator().type if {torch}.a
 #: ``x.device.type == ...`` stays False for a CPU tensor, as ``x.is_cuda`` and ``== "cuda"`` were
 ACCELERATOR_TYPE_OR_NONE = '{torch}.accelerator.current_accelerator().type if {torch}.accelerator.is_available() else None'
 AVAILABLE = "{torch}.accelerator.is_available()"
+#: the accelerator's type where the code runs only with one (under ``if torch.cuda.is_available():``,
+#: ``x if x.is_cuda else ...``): the test already says what the fallback would
+ACCELERATOR_TYPE_THERE = "{torch}.accelerator.current_accelerator().type"
 #: parents under which a conditional expression needs no parentheses
 _NO_PARENS = (cst.Arg, cst.Assign, cst.AnnAssign, cst.Param, cst.Return, cst.Element, cst.DictElement,
               cst.FormattedStringExpression, cst.Expr, cst.Index)
@@ -74,6 +78,7 @@ class _Rewriter(cst.CSTTransformer):
         self.applied: set[int] = set()
         self.names_torch = False   # whether a rewrite refers to torch
         self.stack: list[cst.CSTNode] = []   # the nodes being visited, for a rewrite's parent
+        self.available = False   # the rewrite being made is under a test that a device is there
 
     def code(self, template: str, quote: str = '"') -> cst.BaseExpression:
         self.names_torch = self.names_torch or "{torch}" in template
@@ -95,8 +100,15 @@ class _Rewriter(cst.CSTTransformer):
             return expr
         return expr.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
 
-    def accelerator_type(self, node: cst.CSTNode | None = None) -> cst.BaseExpression:
-        expr = self.code(ACCELERATOR_TYPE)
+    def type_template(self, compare: bool = False) -> str:
+        if self.available:
+            return ACCELERATOR_TYPE_THERE
+        return ACCELERATOR_TYPE_OR_NONE if compare else ACCELERATOR_TYPE
+
+    def accelerator_type(self, node: cst.CSTNode | None = None, compare: bool = False) -> cst.BaseExpression:
+        expr = self.code(self.type_template(compare))
+        if self.available:
+            return expr.with_changes(lpar=node.lpar, rpar=node.rpar) if node is not None else expr
         return self.parenthesized(expr, node) if node is not None else expr
 
     def spec_of(self, node: cst.CSTNode) -> FixSpec | None:
@@ -118,6 +130,7 @@ class _Rewriter(cst.CSTTransformer):
         self.stack.pop()
         spec = self.spec_of(original)
         if spec is not None and spec.kind != "drop_arg":
+            self.available = spec.params.get("available", False)
             new = getattr(self, "fix_" + spec.kind)(updated, spec)
             self.done(spec)
             updated = new
@@ -152,7 +165,7 @@ class _Rewriter(cst.CSTTransformer):
             args = [a.with_changes(keyword=None, equal=cst.MaybeSentinel.DEFAULT) for a in args]
         call = node.with_changes(func=self.code(spec.params["code"]), args=args)
         cpu_value = spec.params.get("cpu_value")
-        if cpu_value is None:
+        if cpu_value is None or self.available:
             return call
         # torch.cuda's call was a no-op (or a constant) without CUDA; the neutral one raises
         # without an accelerator: call it only where there is one
@@ -162,27 +175,42 @@ class _Rewriter(cst.CSTTransformer):
 
     def fix_device_string(self, node: cst.SimpleString, spec):
         value = node.evaluated_value
-        template = ACCELERATOR_TYPE_OR_NONE if spec.params.get("compare") else ACCELERATOR_TYPE
+        template = self.type_template(spec.params.get("compare", False))
         if value == "cuda":
-            return self.parenthesized(self.code(template), node)
+            return self.accelerator_type(node, spec.params.get("compare", False))
         prefix, quote = _quote(node)
         rest = value[len("cuda"):].replace("{", "{{").replace("}", "}}")
         inner = "'" if '"' in quote else '"'
         text = f"f{quote}{{{self.text(template, inner)}}}{rest}{quote}"
         return cst.parse_expression(text).with_changes(lpar=node.lpar, rpar=node.rpar)
 
+    def fix_device_in(self, node: cst.Comparison, spec):
+        """``"cuda" in device`` -> ``torch.accelerator.is_available() and <its type> in device``."""
+        test = cst.Comparison(left=self.code(ACCELERATOR_TYPE_THERE), comparisons=[
+            cst.ComparisonTarget(operator=cst.In(), comparator=node.comparisons[0].comparator)])
+        if not self.available:
+            test = cst.BooleanOperation(left=self.code(AVAILABLE), operator=cst.And(), right=test)
+        if spec.params.get("negate"):
+            test = cst.UnaryOperation(operator=cst.Not(), expression=test.with_changes(
+                lpar=[cst.LeftParen()], rpar=[cst.RightParen()]) if not self.available else test)
+        if isinstance(test, cst.Comparison) and not node.lpar:
+            return test
+        return self.parenthesized(test, node)
+
     def fix_device_fstring(self, node: cst.FormattedString, spec):
         first = node.parts[0]
         rest = first.value[len("cuda"):]
         inner = "'" if '"' in node.end else '"'
-        head = [cst.FormattedStringExpression(expression=self.code(ACCELERATOR_TYPE, inner))]
+        head = [cst.FormattedStringExpression(expression=self.code(self.type_template(), inner))]
         if rest:
             head.append(cst.FormattedStringText(rest))
         return node.with_changes(parts=[*head, *node.parts[1:]])
 
     def fix_is_cuda(self, node: cst.Attribute, spec):
         left = cst.Attribute(value=cst.Attribute(value=node.value, attr=cst.Name("device")), attr=cst.Name("type"))
-        right = self.code(ACCELERATOR_TYPE_OR_NONE).with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        right = self.code(self.type_template(compare=True))
+        if not self.available:
+            right = right.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
         comparison = cst.Comparison(left=left, comparisons=[cst.ComparisonTarget(
             operator=cst.Equal(), comparator=right)])
         if spec.params.get("paren"):
@@ -203,6 +231,8 @@ class _Rewriter(cst.CSTTransformer):
     def enabled_guard(self, node: cst.Call, at: int | None = None) -> cst.Call:
         """``node`` (autocast or a GradScaler) enabled only where there is an accelerator, as
         torch.cuda's disabled themselves without CUDA; ``at``: the positional index of ``enabled``."""
+        if self.available:
+            return node
         args = list(node.args)
         i = next((i for i, a in enumerate(args) if a.keyword is not None and a.keyword.value == "enabled"), None)
         if i is None and at is not None and len(args) > at and all(a.keyword is None for a in args[:at + 1]):
@@ -260,7 +290,7 @@ class _Rewriter(cst.CSTTransformer):
         return cst.Call(func=func, args=[device_type])
 
     def fix_int_device(self, node: cst.Integer, spec):
-        return self.code("{torch}.device(" + ACCELERATOR_TYPE + ", " + node.value + ")")
+        return self.code("{torch}.device(" + self.type_template() + ", " + node.value + ")")
 
     def fix_string_value(self, node: cst.SimpleString, spec):
         prefix, quote = _quote(node)
@@ -383,7 +413,12 @@ def fix_path(path: str, write: bool) -> tuple[FixResult, FileResult]:
     result = analyse_source(source)
     fixed = fix_source(source, result)
     if source.is_notebook:
-        new_text = write_notebook(notebook_with_cells(source, fixed.fixed)) if fixed.changed else original_text
+        new_text = original_text
+        if fixed.changed:
+            cells = notebook_with_cells(source, fixed.fixed)["cells"]
+            changed = {i: cell_source(c) for i, (c, before) in enumerate(zip(cells, source.notebook["cells"]), start=1)
+                       if cell_source(c) != cell_source(before)}
+            new_text = rewrite_cells(original_text, changed)
     else:
         new_text = fixed.fixed
     out = FixResult(path, original_text, new_text, fixed.applied, fixed.not_applied)
@@ -400,5 +435,7 @@ def _file_text(path: str) -> str:
 
 def unified_diff(fix: FixResult) -> str:
     name = os.path.relpath(fix.path) if os.path.isabs(fix.path) else fix.path
-    return "".join(difflib.unified_diff(fix.original.splitlines(keepends=True), fix.fixed.splitlines(keepends=True),
-                                        fromfile=f"a/{name}", tofile=f"b/{name}"))
+    lines = difflib.unified_diff(fix.original.splitlines(keepends=True), fix.fixed.splitlines(keepends=True),
+                                 fromfile=f"a/{name}", tofile=f"b/{name}")
+    # a last line without a newline (Colab's notebooks end so) is marked as diff marks it
+    return "".join(ln if ln.endswith("\n") else ln + "\n\\ No newline at end of file\n" for ln in lines)

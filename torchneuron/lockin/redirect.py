@@ -454,7 +454,7 @@ def _profile(original, target: str, recorder: Recorder):
                 device = [] if target == "cpu" else [ProfilerActivity.PrivateUse1]
                 new = [a for a in activities if a != ProfilerActivity.CUDA] + device
                 new = list(dict.fromkeys(new))
-                recorder.record("TNL004", "torch.profiler.profile(activities=[ProfilerActivity.CUDA])",
+                recorder.record("TNL023", "torch.profiler.profile(activities=[ProfilerActivity.CUDA])",
                                 to=", ".join(f"ProfilerActivity.{a.name}" for a in new))
                 activities = new
             super().__init__(*args, activities=activities, **kwargs)

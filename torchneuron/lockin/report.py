@@ -4,7 +4,11 @@ finding; as a terminal table, JSON, or SARIF 2.1.0 for code-scanning tools.
 The number is the count of lines that tie the program to one vendor: a line
 counts once however many findings it holds, and counts as fixable
 automatically when ``--fix`` rewrites every finding on it, else as by hand.
-Guarded findings (detect.py) are listed and not counted. Run-time findings
+Guarded findings (detect.py) are listed and not counted. Implicit ties (a
+Triton kernel, a CUDA-only package, a checkpoint loaded without
+``map_location``: code that ties without naming CUDA) count as tying lines
+and are also counted as their own class: a line is implicit when every
+finding on it is. Run-time findings
 (redirect.py) add the lines that needed redirection and hold no static
 finding; a static finding whose line was also redirected is marked as seen
 at run time.
@@ -49,12 +53,19 @@ class Report:
             lines[key] = lines.get(key, True) and f.fixable
         return lines
 
+    def implicit_lines(self) -> set[tuple]:
+        """(path, cell, line) of the counted lines whose every finding is an implicit tie."""
+        explicit = {(f.path, f.cell, f.line) for f in self.counted() if not f.implicit}
+        return {(f.path, f.cell, f.line) for f in self.counted() if f.implicit} - explicit
+
     def summary(self) -> dict:
         lines = self.line_fixability()
         fixable = sum(lines.values())
+        implicit = len(self.implicit_lines())
         guarded_lines = {(f.path, f.cell, f.line) for f in self.findings() if f.guarded} - set(lines)
         analysed = sum(r.lines for r in self.files)
         return {"tying_lines": len(lines), "fixable_lines": fixable, "by_hand_lines": len(lines) - fixable,
+                "explicit_lines": len(lines) - implicit, "implicit_lines": implicit,
                 "findings": len(self.counted()), "guarded_lines": len(guarded_lines),
                 "runtime_only_lines": len({(f.path, f.cell, f.line) for f in self.runtime_findings}),
                 "files": len(self.files), "files_parsed": sum(r.parsed for r in self.files),
@@ -69,9 +80,10 @@ class Report:
         by_file: dict[str, list[bool]] = defaultdict(list)
         for (path, _, _), ok in lines.items():
             by_file[path].append(ok)
+        implicit = Counter(path for path, _, _ in self.implicit_lines())
         sizes = {r.path: r.lines for r in self.files}
         rows = [{"path": p, "lines": sizes.get(p), "tying_lines": len(v), "fixable_lines": sum(v),
-                 "by_hand_lines": len(v) - sum(v)} for p, v in by_file.items()]
+                 "by_hand_lines": len(v) - sum(v), "implicit_lines": implicit[p]} for p, v in by_file.items()]
         return sorted(rows, key=lambda r: (-r["tying_lines"], r["path"]))
 
     def per_rule(self) -> list[dict]:
@@ -81,7 +93,8 @@ class Report:
         for f in self.counted():
             lines[f.rule].add((f.path, f.cell, f.line))
         return [{"rule": rid, "name": RULES[rid].name, "findings": findings[rid], "fixable": fixable[rid],
-                 "lines": len(lines[rid]), "ties": RULES[rid].ties, "vendor": RULES[rid].vendor}
+                 "lines": len(lines[rid]), "ties": RULES[rid].ties, "vendor": RULES[rid].vendor,
+                 "implicit": RULES[rid].implicit}
                 for rid in sorted(findings)]
 
     # -- run-time findings ----------------------------------------------------------------------
@@ -154,8 +167,9 @@ def _count(n: int, noun: str) -> str:
 def headline(report: Report) -> str:
     s = report.summary()
     vendors = ", ".join(s["vendors"]) or "none"
+    implicit = f" ({s['implicit_lines']} of them implicit ties, naming no CUDA)" if s["implicit_lines"] else ""
     return (f"{s['tying_lines']} lines tie this code to one vendor ({vendors}): "
-            f"{s['fixable_lines']} fixable automatically, {s['by_hand_lines']} by hand")
+            f"{s['fixable_lines']} fixable automatically, {s['by_hand_lines']} by hand{implicit}")
 
 
 def render_table(report: Report, list_findings: bool = True) -> str:
@@ -175,21 +189,23 @@ def render_table(report: Report, list_findings: bool = True) -> str:
     files = report.per_file()
     if files:
         width = max(len("file"), *(len(r["path"]) for r in files))
-        out += ["", f"{'file':<{width}}  {'lines':>6}  {'fixable':>7}  {'by hand':>7}"]
-        out += [f"{r['path']:<{width}}  {r['tying_lines']:>6}  {r['fixable_lines']:>7}  {r['by_hand_lines']:>7}"
-                for r in files]
+        out += ["", f"{'file':<{width}}  {'lines':>6}  {'fixable':>7}  {'by hand':>7}  {'implicit':>8}"]
+        out += [f"{r['path']:<{width}}  {r['tying_lines']:>6}  {r['fixable_lines']:>7}  {r['by_hand_lines']:>7}  "
+                f"{r['implicit_lines']:>8}" for r in files]
     rules = report.per_rule()
     if rules:
         out += ["", f"{'rule':<30}  {'lines':>6}  {'findings':>8}  {'fixable':>7}"]
         out += [f"{r['rule'] + ' ' + r['name']:<30}  {r['lines']:>6}  {r['findings']:>8}  {r['fixable']:>7}"
-                for r in rules]
+                + ("  implicit" if r["implicit"] else "") for r in rules]
     errors = [r for r in report.files if r.error]
     if errors:
         out += ["", "not parsed:"] + [f"  {r.path}: {r.error}" for r in errors]
     if list_findings and report.findings():
-        out += ["", "findings (fix: --fix rewrites it; hand: see the guard; guarded: not counted):"]
+        out += ["", "findings (fix: --fix rewrites it; hand: see the guard; guarded: not counted; "
+                    "implicit: ties without naming CUDA):"]
         for f in report.finding_dicts():
-            mark = "guarded" if f["guarded"] else "fix" if f["fixable"] else "hand"
+            mark = ("guarded" if f["guarded"] else "fix" if f["fixable"] else "hand") + \
+                (" implicit" if f["implicit"] else "")
             run = " [run time]" if f["seen_at_runtime"] else ""
             out.append(f"  {_where(f)}  {f['rule']} {mark}{run}  {f['message']}")
             out.append(f"      {f['snippet']}")
@@ -225,7 +241,8 @@ def render_sarif(report: Report, root: str | None = None) -> str:
               "help": {"text": f"Rewrite: {RULES[rid].rewrite}. Otherwise: {RULES[rid].guard}.".replace("`", ""),
                        "markdown": f"Rewrite: {RULES[rid].rewrite}. Otherwise: {RULES[rid].guard}."},
               "defaultConfiguration": {"level": "warning"},
-              "properties": {"vendor": RULES[rid].vendor, "fixable": RULES[rid].fixable}}
+              "properties": {"vendor": RULES[rid].vendor, "fixable": RULES[rid].fixable,
+                             "implicit": RULES[rid].implicit}}
              for rid in rule_ids]
     results = []
     for f in report.finding_dicts():
@@ -243,7 +260,8 @@ def render_sarif(report: Report, root: str | None = None) -> str:
                         "message": {"text": f"{f['message']}. Device-neutral: {f['rewrite']}"
                                     + ("" if f["fixable"] else f". By hand: {f['guard']}")},
                         "locations": [location],
-                        "properties": {"fixable": f["fixable"], "guarded": f["guarded"], "cell": f["cell"],
+                        "properties": {"fixable": f["fixable"], "guarded": f["guarded"], "implicit": f["implicit"],
+                                       "cell": f["cell"],
                                        "origin": f["origin"], "seenAtRuntime": f["seen_at_runtime"]}})
     s = report.summary()
     run = {"tool": {"driver": {"name": TOOL, "version": VERSION, "informationUri": "https://pytorch.org/docs/stable/"
@@ -252,7 +270,8 @@ def render_sarif(report: Report, root: str | None = None) -> str:
            "originalUriBaseIds": {"SRCROOT": {"uri": "file://" + root.rstrip("/") + "/"}},
            "results": results,
            "properties": {"tyingLines": s["tying_lines"], "fixableLines": s["fixable_lines"],
-                          "byHandLines": s["by_hand_lines"], "linesAnalysed": s["lines_analysed"]}}
+                          "byHandLines": s["by_hand_lines"], "implicitLines": s["implicit_lines"],
+                          "linesAnalysed": s["lines_analysed"]}}
     return json.dumps({"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}, indent=1) + "\n"
 
 

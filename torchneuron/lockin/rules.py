@@ -28,6 +28,9 @@ class Rule:
     rewrite: str     # the device-neutral form
     fixable: bool    # whether --fix rewrites it (per finding, detect.py can say no)
     guard: str       # what to do by hand when it is not rewritten
+    #: the tie needs no CUDA name: a kernel language, a package, a checkpoint or an argument
+    #: that only CUDA (or NCCL) takes; the report counts such lines as their own class
+    implicit: bool = False
 
 
 RULES: dict[str, Rule] = {r.id: r for r in (
@@ -88,7 +91,7 @@ RULES: dict[str, Rule] = {r.id: r for r in (
          "build the CUDA extension only when `torch.utils.cpp_extension.CUDA_HOME` is set, with a fallback"),
     Rule("TNL018", "cuda-only-package", "an import of a package that runs only on NVIDIA GPUs", NVIDIA,
          "none: a device-neutral implementation of what it provides", False,
-         "`try: import pkg` / `except ImportError:` with a fallback"),
+         "`try: import pkg` / `except ImportError:` with a fallback", implicit=True),
     Rule("TNL019", "flash-attention-impl", "`attn_implementation=\"flash_attention_*\"` needs the flash_attn "
          "CUDA kernels", NVIDIA, "`attn_implementation=\"sdpa\"`", True,
          "choose `\"sdpa\"` unless flash_attn imports"),
@@ -101,6 +104,27 @@ RULES: dict[str, Rule] = {r.id: r for r in (
     Rule("TNL022", "nvidia-smi", "`nvidia-smi` is NVIDIA's device tool", NVIDIA,
          "`torch.accelerator.device_count()`, `torch.accelerator.memory_stats()`", False,
          "run it only when `shutil.which(\"nvidia-smi\")` finds it"),
+    Rule("TNL023", "profiler-cuda", "`ProfilerActivity.CUDA` (or `use_cuda=`) profiles CUDA kernels", NVIDIA,
+         "`torch.profiler.supported_activities()`, which holds the device's own activity", False,
+         "profile the activities `torch.profiler.supported_activities()` gives"),
+    Rule("TNL024", "load-without-map-location", "`torch.load()` without `map_location` puts tensors back on the "
+         "device they were saved from: a checkpoint saved on CUDA fails to load without CUDA", NVIDIA,
+         "`torch.load(path, map_location=device)`", False,
+         "pass `map_location=` the device the program runs on (or \"cpu\")", implicit=True),
+    Rule("TNL025", "barrier-device-ids", "`dist.barrier(device_ids=...)` takes device ids for NCCL's barrier",
+         NVIDIA, "`dist.barrier()`: the backend picks the current device", True,
+         "drop `device_ids=`, or pass `device_id=` to `init_process_group`", implicit=True),
+    Rule("TNL026", "data-parallel", "`nn.DataParallel` replicates a module over the GPUs of one process, on the "
+         "path every run takes", NVIDIA,
+         "`DistributedDataParallel`, or `DataParallel` only under `torch.accelerator.device_count() > 1`", False,
+         "`if torch.accelerator.device_count() > 1:` around it", implicit=True),
+    Rule("TNL027", "fp8-scaled-mm", "`torch._scaled_mm` is an fp8 matrix multiply made for NVIDIA's fp8 tensor "
+         "cores (compute capability 8.9 and later)", NVIDIA,
+         "`torch.matmul` in bfloat16 where the device has no fp8 kernel", False,
+         "take the fp8 path only where `torch._scaled_mm` runs, a bfloat16 matmul otherwise", implicit=True),
+    Rule("TNL028", "triton-kernel", "a Triton kernel (`@triton.jit`) compiles for NVIDIA (or AMD) GPUs", NVIDIA,
+         "the kernel in torch operators (`torch.compile` generates one), or the device's own kernel language",
+         False, "launch it only for tensors on a device Triton supports, with a torch fallback", implicit=True),
 )}
 
 
@@ -185,6 +209,25 @@ CUDA_ONLY_HINTS = {
 #: torch.cuda.amp names -> rewrite kind of the fixer
 CUDA_AMP = {"autocast": "amp_autocast", "GradScaler": "amp_grad_scaler",
             "custom_fwd": "amp_custom_decorator", "custom_bwd": "amp_custom_decorator"}
+
+#: Triton's decorators that make a kernel (TNL028)
+TRITON_KERNEL_DECORATORS = frozenset({"triton.jit", "triton.autotune", "triton.heuristics"})
+
+#: nn.DataParallel and its functional form (TNL026)
+DATA_PARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParallel",
+                           "torch.nn.parallel.data_parallel.DataParallel", "torch.nn.parallel.data_parallel",
+                           "torch.nn.parallel.data_parallel.data_parallel"})
+
+#: profilers whose ``use_cuda=`` profiles CUDA kernels (TNL023)
+PROFILER_CALLS = frozenset({"torch.autograd.profiler.profile", "torch.autograd.profiler.emit_nvtx",
+                            "torch.profiler.profile", "torch.autograd.profile"})
+PROFILER_CUDA = frozenset({"torch.profiler.ProfilerActivity.CUDA", "torch.autograd.ProfilerActivity.CUDA",
+                           "torch._C._profiler.ProfilerActivity.CUDA", "torch.autograd.DeviceType.CUDA"})
+
+#: calls that tell whether there is a CUDA device (or an accelerator): code under them
+#: has one, so a rewrite there needs no fallback for a machine without
+AVAILABILITY_CALLS = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available"})
+DEVICE_COUNT_CALLS = frozenset({"torch.cuda.device_count", "torch.accelerator.device_count"})
 
 #: packages that run only on NVIDIA GPUs (import roots)
 CUDA_ONLY_PACKAGES = frozenset({

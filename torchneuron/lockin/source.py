@@ -105,11 +105,6 @@ def read_notebook(path: str) -> Source:
     return Source(path, "\n".join(parts) + "\n", cells, magics, notebook, skipped)
 
 
-def write_notebook(notebook: dict) -> str:
-    """The notebook's JSON as Jupyter writes it (one-space indent, UTF-8 as is)."""
-    return json.dumps(notebook, indent=1, ensure_ascii=False) + "\n"
-
-
 def blank_cell(source: Source, index: int) -> None:
     """Turns one cell's lines into comments (a cell that does not parse), keeping line numbers."""
     lines = source.text.split("\n")

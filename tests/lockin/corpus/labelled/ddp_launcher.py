@@ -41,7 +41,7 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.GELU(), torch.nn.Linear(32, 1)).to(device)
     if distributed:
         model = DDP(model, device_ids=[local_rank], output_device=local_rank)
-        dist.barrier(device_ids=[local_rank])  # ties: TNL010
+        dist.barrier(device_ids=[local_rank])  # ties-implicit: TNL025
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 
     g = torch.Generator().manual_seed(2)
