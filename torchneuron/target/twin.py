@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import warnings
 from collections import Counter, defaultdict
 
 import torch
@@ -31,19 +30,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import figures
 from .ledger import Ledger
 from .roofline import OpCost, op_cost
-from .wide_types import TargetWarning, WideTypes
+from .wide_types import WideTypes, warn_at
 
 _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["torchneuron"]))
 _local = threading.local()
 # Launches of one profiled run kept for its modelled timeline (the totals count them all).
 TIMELINE_LAUNCHES = 200_000
-
-
-def warn_at(msg: str, site: str) -> None:
-    """A TargetWarning attributed to the user's line ``site`` ("file:line")."""
-    filename, _, line = site.rpartition(":")
-    warnings.warn_explicit(msg, TargetWarning, filename or site, int(line) if line.isdigit() else 0,
-                           module=os.path.splitext(os.path.basename(filename))[0] or None)
 
 
 # The frames between a mode's __torch_dispatch__ and the operator's caller when nothing else is
