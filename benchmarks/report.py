@@ -10,7 +10,7 @@ from .large_ops import CHAINS
 
 TINY_MAX, LARGE_MIN, E2E_MIN, RESERVED_MAX, COMPILED_MIN = 1.5, 0.95, 1.0, 1.3, 1.0
 HF_MIN, FIRST_CALL_MAX = 1.0, 2.0
-NKI_OVER_TORCH_MAX = 3.0  # issue 24: the emulator within 3x of PyTorch's own CPU time
+NKI_OVER_TORCH_MAX = 3.0  # the emulator within 3x of PyTorch's own CPU time
 CHAIN_MIN, CHAIN_BW_MIN = 2.0, 0.7
 AVX2_FORCED = "AVX2 path forced"  # large_ops.run_avx2_path, run._forced_avx2
 AVX2_GROUP = f"fusion, {AVX2_FORCED}"
@@ -186,7 +186,7 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                  f"{r['date']}, {r['cpu_model']}, load average (1 min) at start / end "
                  f"{r['loadavg_start'][0]:.1f} / {r['loadavg_end'][0]:.1f}.\n")
 
-    s.append("## Targets (issue 3)\n")
+    s.append("## Targets\n")
     rows = [(t["group"], t["name"], t["figure"], f"{t['value']:.2f}", t["threshold"], _met(t["met"]))
             for t in res["targets"]]
     s.append(_table(["group", "benchmark", "figure", "measured", "target", ""], rows))

@@ -17,7 +17,7 @@ from . import end_to_end as e2e
 from .common import NEURON, Config, median, timed
 
 STEPS = 2  # the stream sanitizer's timing, the memory checker's
-SLOWDOWN_MAX = 3.0  # issue 26: the race detector costs at most 3x
+SLOWDOWN_MAX = 3.0  # the race detector costs at most 3x
 MEMCHECK_SLOWDOWN_MAX = 1.5  # and the memory checker at most 1.5x
 
 

@@ -240,7 +240,7 @@ def test_failed_check_in_inductors_hook_is_warned(monkeypatch):
     # Inductor's init_backend_registration swallows a RuntimeError from the hook
     from torch._inductor import ir
 
-    monkeypatch.setattr(torchneuron.compile, "_registered", False)
+    monkeypatch.setattr(torchneuron.compile.registration, "_registered", False)
     monkeypatch.setattr(_torch_patches, "_checked", set())
     monkeypatch.delattr(ir, "is_cpu")
     with pytest.warns(UserWarning, match="patch 'inductor-is-cpu'"), pytest.raises(TorchPatchError):

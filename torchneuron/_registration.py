@@ -7,7 +7,9 @@ import time
 
 import torch
 
-from . import _C
+from . import _C, memory, random
+from . import device as device_module
+from .storage_types import storage_classes
 
 
 def _exit_timeout() -> float:
@@ -37,13 +39,11 @@ def _drain_at_exit():
     the device has nothing to drain: the work and the errors are the
     parent's.
     """
-    from . import device
-
     if _forked_child:
         _release_inherited_autograd_threads()
-    if not device.is_initialized():
+    if not device_module.is_initialized():
         return
-    indices = range(device.device_count())
+    indices = range(device_module.device_count())
     interrupted = False
     if getattr(sys, "last_type", None) is None:  # no uncaught exception ends the process: let the work finish
         deadline = time.monotonic() + _exit_timeout()
@@ -137,14 +137,15 @@ def register():
     if getattr(torch, "neuron", None) is not None:
         return
     torch.utils.rename_privateuse1_backend("neuron")
-    from . import device as device_module
-
     # torch.neuron.FloatStorage and the others: Tensor.storage_type() finds a
     # device's typed storage classes on its device module.
-    from .storage_types import storage_classes
-
     for name, cls in storage_classes().items():
         setattr(device_module, name, cls)
+    # torch.neuron.memory and torch.neuron.random, as torch.cuda's, and the memory functions
+    # torch.cuda also has at its top level: modules built on device.py, so attached here.
+    device_module.memory, device_module.random = memory, random
+    for name in memory.ON_DEVICE_MODULE:
+        setattr(device_module, name, getattr(memory, name))
     torch._register_device_module("neuron", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True

@@ -90,6 +90,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import _C, parallel_comm, sharing
+
 #: the PyTorch version every check below was written against
 CHECKED_AGAINST = "2.13.0"
 
@@ -495,10 +497,9 @@ def _check_kernel_dynamo_disable() -> None:
     _require_params(name, disable, "torch.compiler.disable", ("fn", "recursive", "reason"))
 
 
-def _apply_kernel_dynamo_disable() -> None:
-    from .nki.jit import Kernel
-
-    _replace(Kernel, "__call__", lambda original: torch.compiler.disable(
+def _apply_kernel_dynamo_disable(kernel_class: type) -> None:
+    # the class comes from the caller (nki/torch_bridge.py): the NKI emulator builds on this module
+    _replace(kernel_class, "__call__", lambda original: torch.compiler.disable(
         original, reason="NKI kernels run eagerly; use nki_op in compiled code"))
 
 
@@ -524,8 +525,6 @@ def _check_set_num_threads() -> None:
 
 
 def _apply_set_num_threads() -> None:
-    from . import _C
-
     def make(original):
         def set_num_threads(n):
             original(n)  # raises on a bad count, before the device hears of it
@@ -629,8 +628,6 @@ def _check_mp_neuron_storage() -> None:
 
 def _apply_mp_neuron_storage() -> None:
     from multiprocessing.reduction import ForkingPickler
-
-    from . import sharing
 
     original = ForkingPickler._extra_reducers[torch.UntypedStorage]
     if hasattr(original, _ORIGINAL):
@@ -1182,49 +1179,48 @@ def _apply_parallel_comm() -> None:
     from torch._utils import _get_device_index, _handle_complex
     from torch.nn.parallel import comm
 
-    from . import parallel_comm as neuron
 
     def broadcast(original):
         def broadcast(tensor, devices=None, *, out=None):
-            if not neuron.handles([tensor, *(out or ())]):
+            if not parallel_comm.handles([tensor, *(out or ())]):
                 return original(tensor, devices, out=out)
             tensor = _handle_complex(tensor)
             if not ((devices is None) ^ (out is None)):
                 raise RuntimeError(f"Exactly one of 'devices' and 'out' must be specified, but got "
                                    f"devices={devices} and out={out}")
             if devices is not None:
-                return tuple(neuron.broadcast(tensor, [_get_device_index(d) for d in devices]))
-            return tuple(neuron.broadcast_out(tensor, out))
+                return tuple(parallel_comm.broadcast(tensor, [_get_device_index(d) for d in devices]))
+            return tuple(parallel_comm.broadcast_out(tensor, out))
         return broadcast
 
     def broadcast_coalesced(original):
         def broadcast_coalesced(tensors, devices, buffer_size=10485760):
-            if not neuron.handles(list(tensors)):
+            if not parallel_comm.handles(list(tensors)):
                 return original(tensors, devices, buffer_size)
             devices = [_get_device_index(d) for d in devices]
-            return neuron.broadcast_coalesced([_handle_complex(t) for t in tensors], devices, buffer_size)
+            return parallel_comm.broadcast_coalesced([_handle_complex(t) for t in tensors], devices, buffer_size)
         return broadcast_coalesced
 
     def scatter(original):
         def scatter(tensor, devices=None, chunk_sizes=None, dim=0, streams=None, *, out=None):
-            if not neuron.handles([tensor, *(out or ())]):
+            if not parallel_comm.handles([tensor, *(out or ())]):
                 return original(tensor, devices, chunk_sizes, dim, streams, out=out)
             tensor = _handle_complex(tensor)
             if out is None:
-                return tuple(neuron.scatter(tensor, [_get_device_index(d) for d in devices], chunk_sizes, dim,
+                return tuple(parallel_comm.scatter(tensor, [_get_device_index(d) for d in devices], chunk_sizes, dim,
                                             streams))
             if devices is not None:
                 raise RuntimeError(f"'devices' must not be specified when 'out' is specified, but got devices={devices}")
             if chunk_sizes is not None:
                 raise RuntimeError(f"'chunk_sizes' must not be specified when 'out' is specified, but got "
                                    f"chunk_sizes={chunk_sizes}")
-            return tuple(neuron.scatter_out(tensor, out, dim, streams))
+            return tuple(parallel_comm.scatter_out(tensor, out, dim, streams))
         return scatter
 
     def gather(original):
         def gather(tensors, dim=0, destination=None, *, out=None):
             tensors = list(tensors)
-            if not neuron.handles(tensors + ([out] if out is not None else [])):
+            if not parallel_comm.handles(tensors + ([out] if out is not None else [])):
                 return original(tensors, dim, destination, out=out)
             tensors = [_handle_complex(t) for t in tensors]
             if out is None:
@@ -1232,11 +1228,11 @@ def _apply_parallel_comm() -> None:
                     import warnings
                     warnings.warn('Using -1 to represent CPU tensor is deprecated. Please use a device object or '
                                   'string instead, e.g., "cpu".', FutureWarning, stacklevel=2)
-                return neuron.gather(tensors, dim, _get_device_index(destination, allow_cpu=True, optional=True))
+                return parallel_comm.gather(tensors, dim, _get_device_index(destination, allow_cpu=True, optional=True))
             if destination is not None:
                 raise RuntimeError(f"'destination' must not be specified when 'out' is specified, but got "
                                    f"destination={destination}")
-            return neuron.gather_out(tensors, out, dim)
+            return parallel_comm.gather_out(tensors, out, dim)
         return gather
 
     for fn_name, make in (("broadcast", broadcast), ("broadcast_coalesced", broadcast_coalesced),

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from . import _C
+from . import _C, environment
+from . import amp  # noqa: F401  (torch.neuron.amp, as torch.cuda's)
 
 _initialized = False
 
@@ -316,13 +317,6 @@ def max_memory_cached(device: Any = None) -> int:
     return max_memory_reserved(device)
 
 
-from . import memory  # noqa: E402  (torch.neuron.memory._snapshot(), as torch.cuda.memory)
-from .memory import (  # noqa: E402
-    _dump_snapshot, _record_memory_history, _snapshot, host_memory_stats, host_memory_stats_as_nested_dict,
-    memory_snapshot, memory_summary, reset_accumulated_host_memory_stats, reset_peak_host_memory_stats,
-)
-
-
 # ---------------------------------------------------------------- random numbers
 def default_generator(device: Any = None) -> torch.Generator:
     _lazy_init()
@@ -392,28 +386,31 @@ def is_current_stream_capturing() -> bool:
     return False
 
 
-from . import amp, random  # noqa: E402  (torch.neuron.amp and torch.neuron.random, as torch.cuda's)
 
 
 def _is_launch_blocking() -> bool:
-    from . import environment
-
     return environment.flag("NEURON_LAUNCH_BLOCKING")
 
 
-# ---------------------------------------------------------------- Inductor
-def __getattr__(name: str):
-    # Inductor's hook for a PrivateUse1 device: on its first compilation it
-    # asks torch.neuron for ``Scheduling`` and ``PythonWrapperCodegen``; the
-    # answer registers neuron with Inductor (torchneuron/compile/__init__.py).
-    if name in ("Scheduling", "PythonWrapperCodegen"):
-        from .compile import inductor_codegen
+# ---------------------------------------------------------------- attributes registered from above
+# Names the subsystems built on this module answer (compile/ registers Inductor's code
+# generators and the Dynamo metrics): name -> function of the name.
+_PROVIDED: dict[str, Any] = {}
 
-        return inductor_codegen(name)
+
+def provide(names, answer) -> None:
+    """Makes ``torch.neuron.<name>`` for each of ``names`` answer ``answer(name)``, on each read."""
+    for name in names:
+        _PROVIDED[name] = answer
+
+
+def __getattr__(name: str):
+    # Inductor's hook for a PrivateUse1 device: on its first compilation it asks
+    # torch.neuron for ``Scheduling`` and ``PythonWrapperCodegen``; the answer
+    # registers neuron with Inductor (torchneuron/compile/registration.py).
+    answer = _PROVIDED.get(name)
+    if answer is not None:
+        return answer(name)
     if name == "default_generators":
         return _default_generators()
-    if name in ("get_dynamo_metrics", "reset_dynamo_metrics"):  # TorchNeuron's torch.neuron has them too
-        from .compile import metrics
-
-        return getattr(metrics, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -148,7 +148,7 @@ class MachineName(Parser):
     expected = "trn2 (Trainium2), trn3 (Trainium3) or trn1 (Trainium1), or another name of one (v3, gen3, ...)"
 
     def parse(self, text):
-        from . import _C  # the runtime's reading, which the NKI emulator shares
+        from . import _C  # the runtime's reading (the C++ bridge loads after this module checks the settings)
 
         return _C._machine_model(text)[0]  # ValueError for an unknown name
 
@@ -486,7 +486,7 @@ def value(name: str) -> Any:
     are the runtime's (``RuntimeError``)."""
     var = variable(name)
     if name in _RUNTIME_VALUES:
-        from . import _C
+        from . import _C  # (loads after this module: see MachineName.parse)
 
         return _C._runtime_config()[_RUNTIME_VALUES[name]]
     text = os.environ.get(name)

@@ -12,6 +12,12 @@ from typing import Any
 import torch
 
 from . import _C
+from .device import _index, memory_stats
+
+# also torch.neuron.<name> (device.py's module), as torch.cuda has them at its top level
+ON_DEVICE_MODULE = ("_dump_snapshot", "_record_memory_history", "_snapshot", "host_memory_stats",
+                    "host_memory_stats_as_nested_dict", "memory_snapshot", "memory_summary",
+                    "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats")
 
 # What _record_memory_history asked for and the allocator does not do itself:
 # it records every event of every device, and a snapshot returns the newest
@@ -34,8 +40,6 @@ def _snapshot(device: Any = None, augment_with_fx_traces: bool = False) -> dict:
     """
     index = None
     if device is not None:
-        from .device import _index
-
         index = _index(device)
         _C._device_properties(index)  # raises for an invalid index
     snapshot = _C._memory_snapshot()
@@ -171,8 +175,6 @@ def _fmt(n: float) -> str:
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """A table of the allocator's statistics, like ``torch.cuda.memory_summary``."""
-    from .device import _index, memory_stats
-
     idx = _index(device)
     stats = memory_stats(idx)
     rows = [

@@ -55,6 +55,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._traceback import CapturedTraceback
 
 from . import _C
+from .compile import launch
 
 __all__ = ["StreamRaceError", "StreamRaceWarning", "StreamSanitizer", "stream_sanitizer", "enable", "disable",
            "active"]
@@ -604,7 +605,6 @@ def enable(on_race: str = "raise") -> StreamSanitizer:
     global _active, _mode
     if _active is not None:
         raise RuntimeError("the stream sanitizer is already on")
-    from .compile import launch
     san = StreamSanitizer(on_race)
     _C._sanitizer_log(True)
     _active, _mode = san, _Mode(san)
@@ -620,7 +620,6 @@ def disable() -> StreamSanitizer | None:
     san, mode = _active, _mode
     if san is None:
         return None
-    from .compile import launch
     launch.observer = None
     threading.setprofile(_previous_thread_profile)
     mode.__exit__(None, None, None)

@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
-from .. import environment
+from .. import environment, target
 from . import inputs, metrics
+from .replay import inner_compile
+from .registration import register
 
 # Inductor config for each mode. CUDA graphs do not exist here:
 # "reduce-overhead" records and replays each graph's device tasks instead
@@ -80,8 +82,6 @@ def _as_on_target(mode: str) -> str:
     """The Trainium twin (torchneuron.target) holds the backend to TorchNeuron's options:
     ``dynamic=True`` is refused at compilation, and a mode other than "default" is
     ignored with a warning (AWS's torch.compile backend reference)."""
-    from .. import target
-
     twin = target.active()
     if twin is None:
         return mode
@@ -98,8 +98,6 @@ def _as_on_target(mode: str) -> str:
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs, mode: str | None = None,
                    options: dict[str, Any] | None = None):
     from torch._inductor.compile_fx import compile_fx
-
-    from . import register
 
     register()
     gm._neuron_graph_id = next(_graph_ids)
@@ -150,15 +148,11 @@ def _compile(gm, example_inputs, mode: str, config_patches: dict, model_name: st
     inner = compile_fx_inner
     replaying = mode == "reduce-overhead"
     if replaying:
-        from .replay import inner_compile
-
         inner = inner_compile(_graph_label(gm))
     loaded = counters["inductor"]["fxgraph_cache_hit"]
     hits = counters["aot_autograd"]["autograd_cache_hit"]
     # The twin (torchneuron.target) charges graphs as the inner compiler returns them, which
     # AOTAutograd's cache would skip.
-    from .. import target
-
     cache = not replaying and target.active() is None and functorch_config.enable_autograd_cache
     with functorch_config.patch(enable_autograd_cache=cache):
         compiled = compile_fx(gm, example_inputs, inner_compile=metrics.recording(inner, model_name),

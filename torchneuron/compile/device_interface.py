@@ -9,6 +9,8 @@ import torch
 from torch._dynamo.device_interface import DeviceInterface, caching_worker_current_devices, \
     caching_worker_device_properties
 
+from .. import device as torch_neuron
+
 
 @dataclass(frozen=True)
 class NeuronDeviceProperties:
@@ -20,12 +22,6 @@ class NeuronDeviceProperties:
     core_id: int
     multi_processor_count: int
     type: str = "neuron"
-
-
-def _neuron():
-    import torchneuron.device as dev
-
-    return dev
 
 
 class NeuronInterface(DeviceInterface):
@@ -46,7 +42,7 @@ class NeuronInterface(DeviceInterface):
         def current_device() -> int:
             if "neuron" in caching_worker_current_devices:
                 return caching_worker_current_devices["neuron"]
-            return _neuron().current_device()
+            return torch_neuron.current_device()
 
         @staticmethod
         def get_device_properties(device: torch.types.Device = None) -> Any:
@@ -59,7 +55,7 @@ class NeuronInterface(DeviceInterface):
             if index is None:
                 index = NeuronInterface.Worker.current_device()
             if "neuron" not in caching_worker_device_properties:
-                dev = _neuron()
+                dev = torch_neuron
                 props = [dev.get_device_properties(i) for i in range(dev.device_count())]
                 caching_worker_device_properties["neuron"] = [
                     NeuronDeviceProperties(p.name, p.total_memory, p.core_id, multiprocessing.cpu_count())
@@ -68,11 +64,11 @@ class NeuronInterface(DeviceInterface):
 
     @staticmethod
     def current_device() -> int:
-        return _neuron().current_device()
+        return torch_neuron.current_device()
 
     @staticmethod
     def set_device(device: torch.types.Device) -> None:
-        _neuron().set_device(device)
+        torch_neuron.set_device(device)
 
     @staticmethod
     def maybe_exchange_device(device: int) -> int:
@@ -80,7 +76,7 @@ class NeuronInterface(DeviceInterface):
 
     @staticmethod
     def exchange_device(device: int) -> int:
-        dev = _neuron()
+        dev = torch_neuron
         prev = dev.current_device()
         if device >= 0 and device != prev:
             dev.set_device(device)
@@ -88,27 +84,27 @@ class NeuronInterface(DeviceInterface):
 
     @staticmethod
     def device_count() -> int:
-        return _neuron().device_count()
+        return torch_neuron.device_count()
 
     @staticmethod
     def is_available() -> bool:
-        return _neuron().is_available()
+        return torch_neuron.is_available()
 
     @staticmethod
     def stream(stream: torch.Stream) -> Any:
-        return _neuron().stream(stream)
+        return torch_neuron.stream(stream)
 
     @staticmethod
     def current_stream() -> torch.Stream:
-        return _neuron().current_stream()
+        return torch_neuron.current_stream()
 
     @staticmethod
     def set_stream(stream: torch.Stream) -> None:
-        _neuron().set_stream(stream)
+        torch_neuron.set_stream(stream)
 
     @staticmethod
     def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
-        _neuron().set_stream(torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
+        torch_neuron.set_stream(torch.Stream(stream_id=stream_id, device_index=device_index, device_type=device_type))
 
     @staticmethod
     def get_raw_stream(device_idx: int) -> int:
@@ -118,7 +114,7 @@ class NeuronInterface(DeviceInterface):
 
     @staticmethod
     def synchronize(device: torch.types.Device = None) -> None:
-        _neuron().synchronize(device)
+        torch_neuron.synchronize(device)
 
     @staticmethod
     def get_compute_capability(device: torch.types.Device = None) -> str:
@@ -130,7 +126,7 @@ class NeuronInterface(DeviceInterface):
 
     @staticmethod
     def memory_allocated(device: torch.types.Device = None) -> int:
-        return _neuron().memory_allocated(device)
+        return torch_neuron.memory_allocated(device)
 
     @staticmethod
     def is_triton_capable(device: torch.types.Device = None) -> bool:
@@ -140,7 +136,7 @@ class NeuronInterface(DeviceInterface):
 def register() -> None:
     from torch._dynamo.device_interface import register_interface_for_device
 
-    NeuronInterface.device = _neuron().device
+    NeuronInterface.device = torch_neuron.device
     register_interface_for_device("neuron", NeuronInterface)
-    for i in range(_neuron().device_count()):
+    for i in range(torch_neuron.device_count()):
         register_interface_for_device(f"neuron:{i}", NeuronInterface)

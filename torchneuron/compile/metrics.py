@@ -25,7 +25,9 @@ from typing import Callable
 
 import torch
 
-from .. import environment
+from .. import environment, target
+from ..target import figures
+from ..target.roofline import graph_cost
 
 _lock = threading.Lock()
 _records: list["NeuronCompilationMetrics"] = []
@@ -154,14 +156,9 @@ def recording(inner_compile: Callable, model_name: str) -> Callable:
 def _charged_on_target(gm: torch.fx.GraphModule, compiled):
     """With the Trainium twin on: the graph counts as one compile, and each launch of
     it is charged its modelled cost as one task (its operators are not charged apart)."""
-    from .. import target
-
     twin = target.active()
     if twin is None:
         return compiled
-    from ..target import figures
-    from ..target.roofline import graph_cost
-
     nodes = sum(1 for n in gm.graph.nodes if n.op == "call_function")
     twin.ledger.compiled(figures.GRAPH_COMPILE_S + figures.GRAPH_COMPILE_S_PER_NODE * nodes, graph=True)
     cost = graph_cost(gm, twin.core)

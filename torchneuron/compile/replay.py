@@ -48,7 +48,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from .. import _C
+from .. import _C, _torch_patches
 from . import launch as _launch
 
 WARMUP_CALLS = 1      # normal calls per signature before recording
@@ -425,8 +425,6 @@ class ReplayGraph:
 def inner_compile(label: str):
     """Inductor's ``compile_fx_inner``, its compiled graphs wrapped for replay."""
     from torch._inductor.compile_fx import compile_fx_inner
-
-    from .. import _torch_patches
 
     def compile_inner(gm, example_inputs, **kwargs):
         compiled = compile_fx_inner(gm, example_inputs, **kwargs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 
+from .. import target
 from .analysis import analyze, find_traces, load_trace, resolve_trace
 from .render import render_html
 
@@ -34,8 +35,6 @@ def _trace_of(source):
 def _with_target_model(trace: dict) -> dict:
     """The trace, with the Trainium twin's account of the profiled work and its modelled
     timeline when the twin is on and the trace has none (torchneuron.target.add_to_trace)."""
-    from .. import target
-
     if target.TRACE_KEY not in trace and target.active() is not None:
         target.add_model_to_trace(trace)
     return trace

@@ -11,10 +11,10 @@ See docs/nki.md.  The emulator itself runs on NumPy only; the torch side
 (``torch_bridge``, behind ``nki_op``) loads on first use.
 """
 from . import compiler, isa, language, typing  # noqa: F401  (submodules are part of the API)
-from .bench import benchmark, profile
+from .bench import baremetal, benchmark, profile
 from .import_names import answer_nki_when_not_installed, install_import_aliases, uninstall_import_aliases
 from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError
-from .jit import Kernel, baremetal, jit, register_adapter, run_on_host_buffers, simulate, simulate_kernel
+from .jit import Kernel, jit, register_adapter, run_on_host_buffers, simulate, simulate_kernel
 from .machine import MACHINES, TARGETS, Buffer, Machine, TileSize, get_machine, set_machine
 from .perf import estimate, timeline
 from .tensor import NkiTensor

@@ -35,6 +35,8 @@ import time
 import numpy as np
 
 from . import perf
+from .jit import Kernel
+from .machine import resolve_machine
 
 PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
 
@@ -96,7 +98,6 @@ class BenchmarkResult:
 
 
 def _kernel_of(fn):
-    from .jit import Kernel
     if isinstance(fn, (Benchmarked, _Profiled)):
         return fn.kernel
     return fn if isinstance(fn, Kernel) else Kernel(fn)
@@ -122,7 +123,6 @@ class Benchmarked:
         return b
 
     def __call__(self, *args, **kwargs):
-        from .machine import resolve_machine
         args, kwargs = perf.materialize(args, kwargs)
         target = resolve_machine(self.machine) if self.machine is not None else None
         result, records, machine, first = perf.run_profiled(self.kernel, args, kwargs, target=target)
@@ -186,7 +186,6 @@ class _Profiled:
         return p
 
     def __call__(self, *args, **kwargs):
-        from .machine import resolve_machine
         args, kwargs = perf.materialize(args, kwargs)
         target = resolve_machine(self.machine) if self.machine is not None else None
         result, records, machine, seconds = perf.run_profiled(self.kernel, args, kwargs, target=target)
@@ -227,3 +226,22 @@ def _write_artifacts(report, directory, neff_name, trace_name, overwrite=True, s
                            **extra)
     if summary:
         perf.write_summary(report, path(f"{report.kernel_name}_summary.json"), **extra)
+
+
+def baremetal(kernel=None, **options):
+    """``nki.baremetal``: run a kernel on NumPy arrays (compile options and NEFF/NTFF names are accepted).
+
+    ``save_trace_name`` writes the kernel's modelled instruction trace there,
+    as ``nki.profile`` does."""
+    trace_name = options.pop("save_trace_name", None)
+    neff_name = options.pop("save_neff_name", None)
+    for k in ("additional_compile_opt", "artifacts_dir"):
+        options.pop(k, None)
+
+    def wrap(fn):
+        k = fn if isinstance(fn, Kernel) else Kernel(fn, **options)
+        if trace_name is None and neff_name is None:
+            return k
+        return _Profiled(k, working_directory=os.getcwd(), save_neff_name=neff_name,
+                         save_trace_name=trace_name)
+    return wrap if kernel is None else wrap(kernel)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import isa
 from .errors import NKITypeError
 from .language import NKIObject
 
@@ -42,7 +43,6 @@ def _single_rank(replica_group, what):
 
 
 def _copy_all(srcs, dsts, what):
-    from . import isa
     srcs, dsts = list(srcs), list(dsts)
     if len(srcs) != len(dsts):
         raise NKITypeError(f"nki.collectives.{what}: {len(srcs)} sources for {len(dsts)} destinations")

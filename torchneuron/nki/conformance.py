@@ -41,11 +41,17 @@ import io
 import json
 import os
 import re
+import runpy
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+import torchneuron.nki as nki
+
+from .bench import Benchmarked, _Profiled
+from .jit import Kernel
 
 TUTORIALS = os.path.join("src", "nki_samples", "tutorials")
 FAIL_LINE = re.compile(r"\bdiffer\b|matches\?\s*False|pass\?\s*False|close\?\s*False|Accuracy check fails|"
@@ -383,9 +389,6 @@ class _Tee(io.TextIOBase):
 
 
 def _instrument(log):
-    from .bench import Benchmarked, _Profiled
-    from .jit import Kernel
-
     def wrap(cls, attr, fn_of):
         original = getattr(cls, attr)
 
@@ -417,8 +420,6 @@ def _instrument(log):
 
 
 def _child(report_path, tutorials, argv):
-    import runpy
-    import torchneuron.nki as nki
     nki.install_import_aliases()
     sys.meta_path.insert(0, _DocsExamples(tutorials))
     log = _Log(report_path)

@@ -19,6 +19,12 @@ import os
 import sys
 import types
 
+import torchneuron.nki as pkg
+
+from . import collectives, compiler, dtypes, frontend, isa, isa_constants, language, typing
+from .jit import Kernel, run_on_host_buffers
+from .machine import resolve_machine
+
 # the environment variable the library's harness sets to the target's generation
 NC_VERSION_ENV = "NKI_NC_VERSION"
 
@@ -27,7 +33,6 @@ class _Simulated:
     """``cpu_simulate(kernel)``: index with the logical-NeuronCore count, then call with the inputs."""
 
     def __init__(self, kernel, grid=()):
-        from .jit import Kernel
         self.kernel = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
         self.grid = grid
 
@@ -35,8 +40,6 @@ class _Simulated:
         return _Simulated(self.kernel, grid if isinstance(grid, tuple) else (grid,))
 
     def __call__(self, *args, **kwargs):
-        from .jit import run_on_host_buffers
-        from .machine import resolve_machine
         k = self.kernel
         target = k.target
         generation = os.environ.get(NC_VERSION_ENV)
@@ -64,14 +67,11 @@ class _SimulatorNki(types.ModuleType):
     submodule attributes the harness imports (``builtin``; ``isa.constants``, ``language.dtypes``)."""
 
     def __getattr__(self, name):
-        import torchneuron.nki as pkg
         return getattr(pkg, name)
 
 
 def modules() -> dict:
     """The ``nki_cpu_simulator`` module tree, by its ``sys.modules`` names."""
-    import torchneuron.nki as pkg
-    from . import collectives, compiler, dtypes, frontend, isa, isa_constants, language, typing
     builtin = _module("nki_cpu_simulator.nki.builtin",
                       "The simulator's builtins (the harness makes them ``builtins.builtin``): the language's "
                       "functions.", **{k: v for k, v in vars(language).items() if not k.startswith("_")})

@@ -10,6 +10,9 @@ limits, memory capacity), and returns a ``TraceResult``; nothing is compiled.
 """
 from __future__ import annotations
 
+from .jit import Kernel, run_on_host_buffers
+from .machine import resolve_machine
+
 
 class TraceResult:
     """What ``compile`` returns: the kernel's outputs from the run (there is no MLIR module)."""
@@ -24,8 +27,6 @@ class NKIFrontend:
     """Base of the front ends: ``compile(kernel, inputs=..., target=..., lnc=...)`` runs the kernel."""
 
     def compile(self, kernel, inputs=None, target=None, lnc=1, **options):
-        from .jit import Kernel, run_on_host_buffers
-        from .machine import resolve_machine
         k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
         lnc = int(lnc or 1)
         grid = (lnc,) if lnc > 1 else ()

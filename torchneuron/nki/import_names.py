@@ -15,6 +15,8 @@ import importlib.util
 import sys
 import types
 
+from . import collectives, compiler, isa, language, typing
+
 _ROOTS = ("neuronxcc.nki", "nki")
 _SUBMODULES = ("language", "isa", "typing", "compiler", "collectives")
 # module names below the package that name another of its modules (nki.isa.constants holds the enumerations)
@@ -36,20 +38,17 @@ _XLA = ("torch_xla", "torch_xla.core", "torch_xla.core.xla_model")
 
 
 def _neuron_device(n=None, devkind=None):
-    import torch
-    import torchneuron  # noqa: F401  (registers the neuron device)
+    import torch  # the emulator itself runs on NumPy: torch loads when a driver asks for the device
     return torch.device("neuron", torch.neuron.current_device() if n is None else int(n))
 
 
 def _synchronize(*args, **kwargs):
-    import torch
-    import torchneuron  # noqa: F401
+    import torch  # (as in _neuron_device)
     torch.neuron.synchronize()
 
 
 def _devices(devkind=None, max_devices=None):
-    import torch
-    import torchneuron  # noqa: F401
+    import torch  # (as in _neuron_device)
     n = torch.neuron.device_count()
     names = [f"neuron:{i}" for i in range(n)]
     return names[:max_devices] if max_devices else names
@@ -101,7 +100,6 @@ def _real_module(name):
 def install_import_aliases(force: bool = False, torch_xla: bool = True):
     """Make ``import neuronxcc.nki.language as nl`` / ``import nki.isa as nisa`` load this emulator,
     and (``torch_xla=True``) ``from torch_xla.core import xla_model as xm`` give the neuron device."""
-    from . import collectives, compiler, isa, language, typing
     pkg = sys.modules["torchneuron.nki"]
     subs = {"language": language, "isa": isa, "typing": typing, "compiler": compiler, "collectives": collectives}
     for root in _ROOTS:

@@ -17,12 +17,13 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import ops as _ops
-from .context import current
+from . import lnc as _lnc
+from .context import current, in_kernel as _in_kernel
 from .errors import NKILimitError, NKIOutOfBoundsError, NKITypeError
-from .machine import Buffer, TileSize
+from .machine import Buffer, TileSize, default_target as _default_target
 from .registers import VirtualRegister
 from .tensor import NkiTensor, align_to, allocate
-from .trace import instructions
+from .instruction import active as _recording, instructions
 
 F32 = np.float32
 
@@ -62,9 +63,7 @@ class nc_version(enum.IntEnum):
 
 def get_nc_version():
     """The NeuronCore generation of the machine the kernel runs on (``set_machine``/``target=``)."""
-    from .context import in_kernel
-    from .machine import default_target
-    return nc_version((current().launch.target if in_kernel() else default_target()).generation)
+    return nc_version((current().launch.target if _in_kernel() else _default_target()).generation)
 
 
 class matmul_perf_mode(enum.Enum):
@@ -869,13 +868,12 @@ def register_move(dst, src=None, imm=None):
 
 def register_load(dst, src):
     """Load the one 32-bit integer of tile ``src`` (HBM or SBUF) into register ``dst``."""
-    from .trace import active
     reg = _register(dst, "register_load dst")
     t = _tile(src, "register_load src")
     vals = t.raw_values(None, "nisa.register_load")
     if vals.size != 1:
         raise NKITypeError(f"nisa.register_load: src must hold one element, it has {vals.size}")
-    rec = active()
+    rec = _recording()
     if rec is not None:  # control flow may now follow the data
         rec.poison("a register loaded from data (nisa.register_load)")
     reg.set(int(np.asarray(_dt.to_compute(vals)).reshape(-1)[0]))
@@ -899,15 +897,13 @@ def _register(r, what):
 
 # ------------------------------------------- the two cores of a logical core
 def _lnc_rank(what):
-    from . import lnc
-    from .trace import active
-    pair, rank = lnc.current_pair()
+    pair, rank = _lnc.current_pair()
     if pair is None:
         raise NKITypeError(f"{what} exchanges data between the two cores of a logical NeuronCore: launch the "
                            f"kernel with LNC degree 2 (kernel[2]), not grid {current().launch.grid}")
     if current().launch.target.generation < 3:
         raise NKITypeError(f"{what} needs NeuronCore-v3 or newer, not {current().launch.target.name}")
-    rec = active()
+    rec = _recording()
     if rec is not None:  # what one core reads depends on the other's timing: no recorded program
         rec.poison(f"{what} between the cores of a logical NeuronCore")
     return pair, rank

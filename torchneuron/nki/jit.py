@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
-import os
 import threading
 import weakref
 
@@ -26,7 +25,9 @@ from .machine import Buffer, resolve_machine
 from .tensor import NkiTensor, wrap_host_array
 from . import dtypes as _dt
 from . import lnc
-from .trace import Recorder, TraceCache, counting
+from .instruction import counting
+from .lower import replay
+from .trace import Recorder, TraceCache
 
 # Adapters for framework tensors: objects with ``accepts(args, kwargs)`` and
 # ``launch(kernel, grid, args, kwargs)``.  Modules listed in _LAZY_ADAPTERS
@@ -137,7 +138,7 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     if program:
         cache.count("replays")
         launch.account_memory = False
-        result = program.replay(launch, inputs)
+        result = replay(program, launch, inputs)
     elif program is None:
         cache.count("traces")
         with Recorder(inputs) as rec:
@@ -305,26 +306,6 @@ def jit(fn=None, mode="auto", **options):
     if isinstance(fn, Kernel):
         return fn
     return Kernel(fn, **options)
-
-
-def baremetal(kernel=None, **options):
-    """``nki.baremetal``: run a kernel on NumPy arrays (compile options and NEFF/NTFF names are accepted).
-
-    ``save_trace_name`` writes the kernel's modelled instruction trace there,
-    as ``nki.profile`` does."""
-    from .bench import _Profiled
-    trace_name = options.pop("save_trace_name", None)
-    neff_name = options.pop("save_neff_name", None)
-    for k in ("additional_compile_opt", "artifacts_dir"):
-        options.pop(k, None)
-
-    def wrap(fn):
-        k = fn if isinstance(fn, Kernel) else Kernel(fn, **options)
-        if trace_name is None and neff_name is None:
-            return k
-        return _Profiled(k, working_directory=os.getcwd(), save_neff_name=neff_name,
-                         save_trace_name=trace_name)
-    return wrap if kernel is None else wrap(kernel)
 
 
 def simulate_kernel(kernel, *args, **kwargs):

@@ -17,11 +17,44 @@ import numpy as np
 
 from . import dtypes as _dt
 from . import ops as _ops
-from .context import current
-from .errors import NKIError, NKITypeError
-from .machine import Buffer, TileSize, tile_size
+from .compiler import AllocSpec
+from .context import current, in_kernel as _in_kernel
+from .errors import NKIError, NKILimitError, NKITypeError
+from .instruction import instruction, instructions
+from .machine import Buffer, TileSize, default_target as _default_target
 from .tensor import DynSlice, NkiTensor, ParDim, align_to, allocate, pair_shapes
-from .trace import instruction, instructions
+
+
+# ------------------------------------------------------------------ tile sizes
+class _TileSizeView(TileSize):
+    """``nl.tile_size``: the constants, and the SBUF sizes of the machine the kernel runs on."""
+
+    @staticmethod
+    def _machine():
+        return current().launch.target if _in_kernel() else _default_target()
+
+    @property
+    def sbuf_size_bytes(self):
+        return self._machine().sbuf_bytes
+
+    @property
+    def sbuf_fmax_bytes(self):
+        return self._machine().sbuf_bytes_per_partition
+
+    @property
+    def sbuf_fmax(self):
+        return self._machine().sbuf_bytes_per_partition // 4
+
+    @property
+    def total_available_sbuf_size(self):
+        return self._machine().sbuf_bytes_per_partition
+
+    def __repr__(self):
+        return "nl.tile_size"
+
+
+tile_size = _TileSizeView()
+
 
 # ------------------------------------------------------------------ dtypes
 bool_ = _dt.bool_
@@ -52,7 +85,6 @@ def _buffer(buffer):
         return Buffer.sbuf
     if isinstance(buffer, Buffer):
         return buffer
-    from .compiler import AllocSpec
     if isinstance(buffer, AllocSpec):
         return buffer.buffer
     raise NKITypeError(f"unsupported buffer {buffer!r}: use nl.sbuf, nl.psum, nl.hbm, nl.private_hbm "
@@ -474,7 +506,6 @@ def where(condition, x, y, dtype=None, mask=None, **kwargs):
 
 def transpose(x, dtype=None, mask=None, **kwargs):
     """2-D transpose of a tile (partition and free axis swap), at most 128 x 128."""
-    from .errors import NKILimitError
     v, d = _ops.operand(x, "nl.transpose")
     if v.ndim != 2:
         raise NKITypeError("nl.transpose needs a 2-D tile")

@@ -41,6 +41,10 @@ import time
 
 import pytest
 
+from . import collectives, cpu_simulator, frontend, library_stand_ins
+from .import_names import install_import_aliases
+from .machine import set_machine
+
 INTEGRATION = os.path.join("test", "integration")
 FAMILY_ROOT = "integration/nkilib"
 # harness modules the published checkout imports but does not contain (remote core locking, profile analysis)
@@ -187,7 +191,6 @@ def _enter_module_path(name, module):
 
 def _prepare_imports(checkout):
     """The import names the suite needs: its own packages, the simulator, the host dtypes, stand-ins."""
-    from . import cpu_simulator, library_stand_ins
     for path in (os.path.join(checkout, "src"), checkout):
         if path not in sys.path:
             sys.path.insert(0, path)
@@ -196,16 +199,14 @@ def _prepare_imports(checkout):
         del sys.modules[name]
     cpu_simulator.install()
     # the harness's trace-only tests import the compiler front end under the name it is aliased to
-    from . import collectives, frontend
     sys.modules.setdefault("nki.compiler.frontend", frontend)
     sys.modules.setdefault("nki.collectives", collectives)
     # a few modules still import the beta-1 names (``neuronxcc.nki.typing``, the compiler's host dtypes)
-    from .import_names import install_import_aliases
     install_import_aliases(torch_xla=False)
     try:
         import neuron_dtypes  # noqa: F401
     except ImportError:
-        from . import host_dtypes
+        from . import host_dtypes  # the stand-in, imported only where the real package is missing
         sys.modules["neuron_dtypes"] = host_dtypes
     _enter_module_path("neuronxcc.starfish.support.dtype", sys.modules["neuron_dtypes"])
     library_stand_ins.install()
@@ -220,7 +221,7 @@ def limit_memory(gib):
     """Cap this process's address space, so that a case whose inputs do not fit fails with a
     MemoryError instead of the whole run being killed by the system (the suite's largest shapes
     need tens of GiB on the host)."""
-    import resource
+    import resource  # POSIX only
     limit = int(gib * 2 ** 30)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     if hard != resource.RLIM_INFINITY:
@@ -234,7 +235,6 @@ def run_suite(checkout, machine, pytest_args, timeout, report_path, per_test=0, 
         limit_memory(max_memory_gib)
     checkout = os.path.abspath(checkout)
     # kernels the suite launches outside cpu_simulate (wrappers, the trace front end) run on it too
-    from .machine import set_machine
     set_machine(machine)
     _prepare_imports(checkout)
     recorder = _Recorder(timeout, per_test, report_path, machine)

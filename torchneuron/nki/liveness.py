@@ -18,16 +18,17 @@ from __future__ import annotations
 
 import heapq
 import os
+import sys
 
 from . import dtypes as _dt
 from .errors import NKILimitError, _PACKAGE_DIR
+from .machine import Buffer
 
 _IN_PACKAGE: dict = {}
 
 
 def kernel_site():
     """(file, line, function) of the innermost frame outside this package (cheap form of errors.kernel_location)."""
-    import sys
     frame = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
@@ -88,22 +89,24 @@ class Liveness:
 
     def check(self):
         """Raise NKILimitError if the live SBUF or PSUM set ever exceeds the capacity."""
-        from .machine import Buffer
         for buffer, cap in ((Buffer.sbuf, self.machine.sbuf_bytes_per_partition),
                             (Buffer.psum, self.machine.psum_bytes_per_partition)):
             allocs = [a for a in self.allocs if a.buffer is buffer and a.footprint]
             self.peak[buffer] = _sweep(allocs, cap, buffer, self.machine)
 
 
-_NkiTensor = None
+# The tile type (tensor.NkiTensor), registered by tensor.py, which builds on this module
+# through context.py; until then no value is a tile.
+_tile_type = ()
+
+
+def register_tile_type(cls):
+    global _tile_type
+    _tile_type = cls
 
 
 def _touch(values, step):
-    global _NkiTensor
-    NkiTensor = _NkiTensor
-    if NkiTensor is None:
-        from .tensor import NkiTensor
-        _NkiTensor = NkiTensor
+    NkiTensor = _tile_type
     for v in values:
         if isinstance(v, NkiTensor):
             a = v._alloc

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 
 import numpy as np
 
@@ -42,7 +43,8 @@ from . import dtypes as _dt
 from . import isa as _isa
 from . import language as _nl
 from . import ops as _ops
-from .machine import Buffer, new_storage, reused_storage
+from .errors import NKIError
+from .machine import Allocation, Buffer, new_storage, reused_storage
 from .tensor import NkiTensor as _NkiTensor, align_to, assign as _assign_op
 from .trace import View, _Nested, _WHOLE, _STRIDED, _GATHER, _UINT_OF_SIZE
 
@@ -120,7 +122,6 @@ class FastProgram:
         return V
 
     def replay(self, launch, inputs, slot_meta):
-        from .errors import NKIError
         try:
             V = self._sets.pop()
         except IndexError:
@@ -153,8 +154,6 @@ class FastProgram:
 
 
 def _result(template, H, slot_meta):
-    from .machine import Allocation
-    from .tensor import NkiTensor
     allocs = {}
 
     def make(t):
@@ -165,8 +164,8 @@ def _result(template, H, slot_meta):
                 alloc = allocs[t.slot] = Allocation(H[t.slot], buffer, dtype)
             data = alloc.data
             if t.kind == _WHOLE:
-                return NkiTensor(alloc, data, None, None, 0)
-            return NkiTensor(alloc, strided_view(data, t.shape, t.offset, t.strides), None, None, 0)
+                return _NkiTensor(alloc, data, None, None, 0)
+            return _NkiTensor(alloc, strided_view(data, t.shape, t.offset, t.strides), None, None, 0)
         if isinstance(t, _Nested):
             if t.kind is dict:
                 return {k: make(v) for k, v in t.items}
@@ -1326,7 +1325,6 @@ def _chain_gemms(steps):
 
 
 def _chain_op(run, target):
-    from .errors import NKIError
     chain = _ops.tile_gemm_chain
     seq = [(getattr(op, "chain", (None, None))[1], op, tuple(frees), loc) for op, frees, loc in run]
 
@@ -1361,3 +1359,30 @@ def _with_frees(op, frees):
             X[s] = None
     return run
 
+
+# ------------------------------------------------------------------ replay
+def fast_replay() -> bool:
+    """Replay lowered programs when possible?  TORCHNEURON_NKI_FAST_REPLAY=0 turns it off."""
+    return os.environ.get("TORCHNEURON_NKI_FAST_REPLAY", "1").lower() not in ("0", "false", "no", "off")
+
+
+def lowered(program, launch):
+    """The lowered form of a recorded ``trace.Program`` (built at its first replay), or None."""
+    fast = program.fast
+    if fast is None:
+        try:
+            fast = lower(program, program.slot_meta, launch.debug)
+        except Decline as e:
+            fast, program.fast_declined = False, str(e)
+        program.fast = fast
+    return fast or None
+
+
+def replay(program, launch, inputs):
+    """Run a recorded program on new input tensors (in argument order): lowered where it
+    can be, else step by step; returns the kernel's result."""
+    if fast_replay():
+        fast = lowered(program, launch)
+        if fast is not None:
+            return fast.replay(launch, inputs, program.slot_meta)
+    return program.replay(launch, inputs)

@@ -218,37 +218,6 @@ class TileSize:
     sbuf_min_align = 1
 
 
-class _TileSizeView(TileSize):
-    """``nl.tile_size``: the constants, and the SBUF sizes of the machine the kernel runs on."""
-
-    @staticmethod
-    def _machine():
-        from .context import current, in_kernel
-        return current().launch.target if in_kernel() else default_target()
-
-    @property
-    def sbuf_size_bytes(self):
-        return self._machine().sbuf_bytes
-
-    @property
-    def sbuf_fmax_bytes(self):
-        return self._machine().sbuf_bytes_per_partition
-
-    @property
-    def sbuf_fmax(self):
-        return self._machine().sbuf_bytes_per_partition // 4
-
-    @property
-    def total_available_sbuf_size(self):
-        return self._machine().sbuf_bytes_per_partition
-
-    def __repr__(self):
-        return "nl.tile_size"
-
-
-tile_size = _TileSizeView()
-
-
 def debug_enabled() -> bool:
     return os.environ.get("TORCHNEURON_NKI_DEBUG", "0").lower() not in ("", "0", "false", "no", "off")
 

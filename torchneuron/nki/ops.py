@@ -12,10 +12,10 @@ import os
 import numpy as np
 
 from . import dtypes as _dt
-from .errors import NKITypeError
+from .errors import NKILimitError, NKITypeError
 from .machine import Buffer, TileSize
-from .tensor import NkiTensor, align_to, allocate, pair_shapes
-from .trace import instruction
+from .tensor import NkiTensor, align_to, allocate, pair_shapes, register_arithmetic
+from .instruction import instruction
 
 F32 = np.float32
 
@@ -276,7 +276,6 @@ def broadcast_to(x: NkiTensor, shape):
 # ------------------------------------------------------------------- matmul
 def matmul_values(stationary: NkiTensor, moving: NkiTensor, what="nc_matmul", require_sbuf=True):
     """stationary.T @ moving in float32, with the Tensor Engine's tile limits."""
-    from .errors import NKILimitError
     for name, t in (("stationary", stationary), ("moving", moving)):
         if not isinstance(t, NkiTensor) or not t.buffer.on_chip:
             raise NKITypeError(f"{what}: {name} must be an on-chip tile, got {t!r}")
@@ -318,7 +317,7 @@ def _bf16_tile_gemm():
     if os.environ.get("TORCHNEURON_NKI_BF16_GEMM", "1") == "0":
         return None
     try:
-        from .. import _C
+        from .. import _C  # optional: the emulator runs without the extension
     except ImportError:
         return None
     return _C if _C._nki_tile_gemm_bf16_available() else None
@@ -394,3 +393,6 @@ def tile_gemm(s, m, out: np.ndarray | None = None) -> np.ndarray:
         return r
     with np.errstate(all="ignore"):
         return np.add(out, r, out=out)
+
+
+register_arithmetic(binary=binary, unary=unary, update=update, broadcast_to=broadcast_to)  # tile operators

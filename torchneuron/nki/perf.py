@@ -43,15 +43,21 @@ engine balance, overlap).
 """
 from __future__ import annotations
 
+import bisect
 import json
 import math
+import time
 import weakref
 
 import numpy as np
 
 from . import dtypes as _dt
+from .jit import Kernel, jit, run_on_host_buffers
 from .liveness import kernel_site
-from .machine import Buffer, Machine
+from .machine import Buffer, Machine, default_target, resolve_machine
+from .ops import UNARY
+from .tensor import NkiTensor
+from .typing import TensorSpec
 
 # ----------------------------------------------------------------- records
 
@@ -92,7 +98,6 @@ _UNARY_NAMES = None
 def _unary_name(f):
     global _UNARY_NAMES
     if _UNARY_NAMES is None:
-        from .ops import UNARY
         _UNARY_NAMES = {id(v): k for k, v in UNARY.items()}
     return _UNARY_NAMES.get(id(f), getattr(f, "__name__", "op"))
 
@@ -122,7 +127,6 @@ class Recorder:
         return rid
 
     def record(self, fn, args, kwargs, out, step):
-        from .tensor import NkiTensor
         name = fn.__name__
         module = fn.__module__.rsplit(".", 1)[-1]
         written = set()
@@ -510,7 +514,6 @@ class _Bandwidth:
 
     def place(self, t, length):
         """Occupy ``length`` ns of free bandwidth from ``t`` on; returns (first start, last end)."""
-        import bisect
         starts, ends = self.starts, self.ends
         i = bisect.bisect_right(ends, t)
         if i < len(starts) and starts[i] <= t:
@@ -539,7 +542,6 @@ class _Bandwidth:
         return first, cur
 
     def _occupy(self, a, b):
-        import bisect
         starts, ends = self.starts, self.ends
         i = bisect.bisect_left(starts, a)
         starts.insert(i, a)
@@ -770,10 +772,7 @@ def run_profiled(kernel, args, kwargs, *, target=None, hbm_allocator=None):
 
     Returns (result, records, machine, seconds).  The trace cache is not used, so the
     kernel's Python runs and every instruction is seen."""
-    import time
-    from .jit import Kernel, run_on_host_buffers
     if not isinstance(kernel, Kernel):
-        from .jit import jit
         kernel = jit(kernel)
     rec = Recorder()
     machine = target or kernel.target
@@ -782,7 +781,6 @@ def run_profiled(kernel, args, kwargs, *, target=None, hbm_allocator=None):
                                  kernel_name=kernel.fn.__name__, cache=None, profile=rec,
                                  hbm_allocator=hbm_allocator)
     seconds = time.perf_counter() - t0
-    from .machine import default_target
     records = Records(rec.records)
     records.lives = rec.lives
     records.kernel_file = getattr(getattr(kernel.fn, "__code__", None), "co_filename", None)
@@ -806,7 +804,6 @@ def model(records, machine, kernel_name="") -> Report:
 def estimate(kernel, *args, machine=None, **kwargs) -> Report:
     """Run ``kernel`` once on ``args`` (NumPy arrays or ``nki.typing.tensor`` specs) and return the
     performance model's ``Report`` (latency, MFU, MBU, engine utilisation, ``timeline()``)."""
-    from .machine import resolve_machine
     m = resolve_machine(machine) if machine is not None else None
     args, kwargs = materialize(args, kwargs)
     _, records, used, _ = run_profiled(kernel, args, kwargs, target=m)
@@ -827,13 +824,11 @@ def _kernel_name(kernel):
 def materialize(args, kwargs):
     """Kernel arguments as arrays: ``nki.typing.tensor[shape, dtype]`` specs become zero-filled arrays,
     torch tensors host copies."""
-    from .typing import TensorSpec
-
     def conv(v):
         if isinstance(v, TensorSpec):
             return v.zeros()
         if type(v).__module__.split(".")[0] == "torch" and hasattr(v, "detach"):
-            from .torch_bridge import host_view
+            from .torch_bridge import host_view  # the torch side of NKI loads on first use (nki/__init__.py)
             return np.array(host_view(v.detach().cpu()))
         if isinstance(v, list) and any(isinstance(x, TensorSpec) for x in v):
             return [conv(x) for x in v]

@@ -21,13 +21,15 @@ that consumes the view.  The view remembers which elements are outside
 from __future__ import annotations
 
 import math
+import types
 import weakref
 
 import numpy as np
 
 from . import dtypes as _dt
+from . import liveness as _liveness
 from .context import current
-from .trace import instruction, outside_instruction
+from .instruction import active, instruction, outside_instruction
 from .errors import NKIError, NKILimitError, NKIOutOfBoundsError, NKITypeError, kernel_location
 from .machine import Allocation, Buffer, TileSize, new_storage, onchip_footprint
 
@@ -139,6 +141,16 @@ def _ext_coords(shape, lo, hi, k):
     shp = [1] * len(ext)
     shp[k] = ext[k]
     return np.broadcast_to(np.arange(lo[k], hi[k] + 1, dtype=np.int64).reshape(shp), ext)
+
+
+# The instructions behind the tile operators (``a + b``, ``-a``, ``a += b``, ``a.broadcast_to``):
+# ops.py, which builds on this module, registers them (``register_arithmetic``).
+_arithmetic = types.SimpleNamespace(binary=None, unary=None, update=None, broadcast_to=None)
+
+
+def register_arithmetic(*, binary, unary, update, broadcast_to):
+    """Called by ops.py with the instructions the tile operators run."""
+    _arithmetic.__dict__.update(binary=binary, unary=unary, update=update, broadcast_to=broadcast_to)
 
 
 # tiles made by comparing tile values (``a < b``): the ones without a truth value in Python conditions
@@ -435,7 +447,6 @@ class NkiTensor:
         if not isinstance(source, NkiTensor) or not source.buffer.on_chip:
             raise NKITypeError(f".ap(): {'scalar' if scalar_offset is not None else 'vector'}_offset must be an "
                                f"SBUF tile of indices, got {source!r}")
-        from .trace import active
         rec = active()
         if rec is not None:
             rec.poison(f"tensor indirection (.ap() with an offset tile) at {kernel_location()}")
@@ -468,8 +479,7 @@ class NkiTensor:
 
     def broadcast_to(self, shape):
         """A new tile holding this one broadcast to ``shape`` (partition axis first)."""
-        from . import ops
-        return ops.broadcast_to(self, shape)
+        return _arithmetic.broadcast_to(self, shape)
 
     def expand_dims(self, axis):
         shape = list(self.shape)
@@ -496,8 +506,7 @@ class NkiTensor:
 
     # ----------------------------------------------------------- arithmetic
     def _bin(self, f, other, reverse=False):
-        from . import ops
-        return ops.binary(f, other, self) if reverse else ops.binary(f, self, other)
+        return _arithmetic.binary(f, other, self) if reverse else _arithmetic.binary(f, self, other)
 
     def __add__(self, o): return self._bin(np.add, o)
     def __radd__(self, o): return self._bin(np.add, o, True)
@@ -532,23 +541,19 @@ class NkiTensor:
     def __xor__(self, o): return self._bin(np.bitwise_xor, o)
 
     def __neg__(self):
-        from . import ops
-        return ops.unary(np.negative, self)
+        return _arithmetic.unary(np.negative, self)
 
     def __abs__(self):
-        from . import ops
-        return ops.unary(np.abs, self)
+        return _arithmetic.unary(np.abs, self)
 
     def __invert__(self):
-        from . import ops
-        return ops.binary(np.bitwise_xor, self, -1) if _dt.is_int(self.dtype) else ops.unary(
+        return _arithmetic.binary(np.bitwise_xor, self, -1) if _dt.is_int(self.dtype) else _arithmetic.unary(
             lambda v: (v == 0).astype(np.float32), self)
 
     # In-place forms update this view's memory.  This is how beta-1 kernels
     # accumulate matmul results: ``psum[...] += nl.matmul(...)`` adds in fp32.
     def _inplace(self, f, other):
-        from . import ops
-        ops.update(self, f, other)
+        _arithmetic.update(self, f, other)
         return self
 
     def __iadd__(self, o): return self._inplace(np.add, o)
@@ -819,3 +824,6 @@ def assign(target: NkiTensor, value):
         target.write(vals, mask, what="write")
     else:
         target.write(np.asarray(value), None, what="write")
+
+
+_liveness.register_tile_type(NkiTensor)  # the liveness count, below this module, sees tiles

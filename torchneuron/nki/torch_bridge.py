@@ -375,7 +375,7 @@ def _run_on_host(kernel, grid, args_t, kwargs_t, tensors):
 
 register_adapter(TorchAdapter)
 # a direct kernel call in a compiled region runs eagerly (a graph break); nki_op makes it a graph node
-_torch_patches.apply("nki-kernel-dynamo-disable")
+_torch_patches.apply("nki-kernel-dynamo-disable", Kernel)
 
 
 # ---------------------------------------------------------------------------

@@ -34,25 +34,18 @@ signature is then always interpreted (``Kernel.cache_info()`` says why):
 """
 from __future__ import annotations
 
-import functools
 import os
 import threading
-import types
 import weakref
 
 import numpy as np
 
 from .context import InstanceState, running
 from .errors import NKIError, kernel_location
-
-_tls = threading.local()
+from .instruction import _tls
+from .tensor import NkiTensor
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
-def fast_replay() -> bool:
-    """Replay lowered programs (``lower.py``) when possible?  TORCHNEURON_NKI_FAST_REPLAY=0 turns it off."""
-    return os.environ.get("TORCHNEURON_NKI_FAST_REPLAY", "1").lower() not in ("0", "false", "no", "off")
 
 
 def enabled(flag=None) -> bool:
@@ -62,71 +55,8 @@ def enabled(flag=None) -> bool:
     return os.environ.get("TORCHNEURON_NKI_TRACE_CACHE", "1").lower() not in ("0", "false", "no", "off")
 
 
-def active():
-    """The recorder of this thread's launch, if one is recording."""
-    return getattr(_tls, "rec", None)
-
-
-def outside_instruction(what: str):
-    """Called where data is touched: kernel code doing it directly makes the trace unreplayable."""
-    rec = getattr(_tls, "rec", None)
-    if rec is not None and rec.depth == 0:
-        rec.poison(f"{what} outside an instruction at {kernel_location()}")
-
-
 class _Untraceable(Exception):
     pass
-
-
-def instruction(fn):
-    """Mark a kernel-visible operation: one step of a recorded program, and one step of
-    the instance's liveness count (``liveness.Liveness``) while it is interpreted."""
-    @functools.wraps(fn)
-    def op(*args, **kwargs):
-        live = getattr(_tls, "live", None)
-        rec = getattr(_tls, "rec", None)
-        if live is None or live.depth:
-            if rec is None or rec.depth:
-                return fn(*args, **kwargs)
-            return rec.call(fn, args, kwargs)
-        live.depth = 1
-        try:
-            out = fn(*args, **kwargs) if rec is None or rec.depth else rec.call(fn, args, kwargs)
-        finally:
-            live.depth = 0
-        live.after(fn, args, kwargs, out)
-        return out
-    op._nki_instruction = fn
-    return op
-
-
-def liveness():
-    """The liveness count of the instance this thread is interpreting, or None."""
-    return getattr(_tls, "live", None)
-
-
-class counting:
-    """Context manager: count the instructions of ``live`` (a liveness.Liveness) on this thread."""
-
-    def __init__(self, live):
-        self.live = live
-
-    def __enter__(self):
-        self.prev = getattr(_tls, "live", None)
-        _tls.live = self.live
-        return self.live
-
-    def __exit__(self, *exc):
-        _tls.live = self.prev
-        return False
-
-
-def instructions(namespace: dict, module: str, exclude=()):
-    """Wrap every public function defined in ``module`` except ``exclude`` (pure helpers)."""
-    for name, fn in list(namespace.items()):
-        if (isinstance(fn, types.FunctionType) and not name.startswith("_") and fn.__module__ == module
-                and name not in exclude and not hasattr(fn, "_nki_instruction")):
-            namespace[name] = instruction(fn)
 
 
 # ------------------------------------------------------------------ views
@@ -152,7 +82,6 @@ class View:
             self.kind, self.key, self.oob = _GATHER, t._key, t._oob
 
     def make(self, allocs):
-        NkiTensor = _tensor.NkiTensor
         alloc = allocs[self.slot]
         if self.kind == _WHOLE:
             return NkiTensor(alloc, alloc.data, None, None, self.par, self.mask)
@@ -247,7 +176,7 @@ class Program:
     def __init__(self, n_inputs, n_slots, instances, result, slot_meta=None):
         self.n_inputs, self.n_slots = n_inputs, n_slots
         self.slot_meta = slot_meta or {}
-        self.fast = None  # lower.FastProgram, False if not lowerable, None until the first replay
+        self.fast = None  # lower.FastProgram, False if not lowerable, None until the first replay (lower.lowered)
         self.fast_declined = None
         self.instances = instances  # [(program_id, [Step])]
         self.result = result
@@ -271,24 +200,9 @@ class Program:
             for step in steps:
                 step.frees = tuple(frees.get(id(step), ()))
 
-    def lowered(self, launch):
-        """The lowered program (built at the first replay), or None."""
-        fast = self.fast
-        if fast is None:
-            from .lower import Decline, lower
-            try:
-                fast = lower(self, self.slot_meta, launch.debug)
-            except Decline as e:
-                fast, self.fast_declined = False, str(e)
-            self.fast = fast
-        return fast or None
-
     def replay(self, launch, inputs):
-        """Run the steps on new input tensors (in argument order); returns the kernel's result."""
-        if fast_replay():
-            fast = self.lowered(launch)
-            if fast is not None:
-                return fast.replay(launch, inputs, self.slot_meta)
+        """Run the steps on new input tensors (in argument order); returns the kernel's result.
+        (``lower.replay`` runs the lowered form instead where there is one.)"""
         allocs = [t._alloc for t in inputs] + [None] * (self.n_slots - self.n_inputs)
         for pid, steps in self.instances:
             with running(InstanceState(launch, pid)):
@@ -389,7 +303,7 @@ class Recorder:
         return slot
 
     def _template(self, v, memo):
-        if isinstance(v, _tensor.NkiTensor):
+        if isinstance(v, NkiTensor):
             view = memo.get(id(v))
             if view is None:
                 view = memo[id(v)] = View(self._slot(v), v)
@@ -410,7 +324,7 @@ class Recorder:
         return v
 
     def _bind(self, out, path, binds):
-        if isinstance(out, _tensor.NkiTensor):
+        if isinstance(out, NkiTensor):
             if out._alloc not in self.slots:
                 self.slots[out._alloc] = self.n_slots
                 self.meta[self.n_slots] = _meta(out._alloc)
@@ -504,5 +418,3 @@ class TraceCache:
             self._unreplayable.clear()
             self.traces = self.replays = self.interpreted = 0
 
-
-from . import tensor as _tensor  # noqa: E402  (tensor.py imports this module)

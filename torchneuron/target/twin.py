@@ -30,7 +30,6 @@ import os
 import sys
 import threading
 import time
-import warnings
 from collections import Counter, defaultdict
 
 import torch
@@ -40,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import eager_fusion, figures
 from .ledger import Ledger
 from .roofline import OpCost, op_cost
-from .wide_types import TargetWarning, WideTypes
+from .wide_types import WideTypes, warn_at
 
 _LIBRARY_DIRS = tuple(os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["torchneuron"]))
 _local = threading.local()
@@ -48,13 +47,6 @@ _local = threading.local()
 TIMELINE_LAUNCHES = 200_000
 # Operators whose result's size depends on the values: the host waits for them to finish.
 _DATA_DEPENDENT_SHAPE = frozenset("nonzero masked_select _unique2 unique_dim unique_consecutive".split())
-
-
-def warn_at(msg: str, site: str) -> None:
-    """A TargetWarning attributed to the user's line ``site`` ("file:line")."""
-    filename, _, line = site.rpartition(":")
-    warnings.warn_explicit(msg, TargetWarning, filename or site, int(line) if line.isdigit() else 0,
-                           module=os.path.splitext(os.path.basename(filename))[0] or None)
 
 
 # The frames between a mode's __torch_dispatch__ and the operator's caller when nothing else is

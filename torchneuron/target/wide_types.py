@@ -20,7 +20,9 @@ dtype behavior). Two ways to see it here (``TORCHNEURON_TARGET_64BIT``):
 """
 from __future__ import annotations
 
+import os
 import threading
+import warnings
 
 import torch
 
@@ -30,6 +32,13 @@ CHECKS_PER_READ = 64
 
 class TargetWarning(UserWarning):
     """The program would behave differently on the target (``TORCHNEURON_TARGET``)."""
+
+
+def warn_at(msg: str, site: str) -> None:
+    """A TargetWarning attributed to the user's line ``site`` ("file:line")."""
+    filename, _, line = site.rpartition(":")
+    warnings.warn_explicit(msg, TargetWarning, filename or site, int(line) if line.isdigit() else 0,
+                           module=os.path.splitext(os.path.basename(filename))[0] or None)
 
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -90,8 +99,6 @@ class WideTypes:
                    f"{self.target} computes in {str(narrow).replace('torch.', '')} as {became!r} "
                    f"(TORCHNEURON_TARGET_64BIT=narrow runs the program as the target would)")
             found.append(msg)
-            from .twin import warn_at
-
             warn_at(msg, site)
         return found
 
