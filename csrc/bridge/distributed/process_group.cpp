@@ -257,11 +257,12 @@ rt::TaskBody await_gloo(const std::shared_ptr<CallState>& s, const c10::intrusiv
 
 // The thread-local state gloo's calls are made in: that of a thread of its
 // own, none of the caller's. Gloo's threads take on the state of the call that
-// queued a work, and the caller's Python state there (saved-tensor hooks,
-// dispatch modes) has them take the interpreter's lock, which a host waiting
-// for the device may hold (DTensor's dispatch holds it around each operator)
-// while the device waits for the collective: a deadlock. Nor are gloo's
-// operators on host views any concern of the caller's modes.
+// queued a work; with the caller's Python objects in it (activation
+// checkpointing's saved-tensor hooks) they take the interpreter's lock to copy
+// them, which a host waiting for the device may hold (DTensor's dispatch holds
+// it around each operator) while the device waits for the collective: a
+// deadlock. Nor are gloo's operators on host views any concern of the
+// caller's dispatch modes.
 const at::ThreadLocalState& plain_state() {
   static const at::ThreadLocalState* state = [] {
     const at::ThreadLocalState* captured = nullptr;
