@@ -17,8 +17,7 @@ selective activation checkpointing, FSDP2, tensor parallelism, AdamW, the LR sch
 
 In CI: FSDP2 over two ranks, unchanged, against the CPU, and resume from its step-2 checkpoint
 (about 2 minutes on two shared cores). TORCHTITAN_FULL=1 adds one process, the bit-for-bit runs,
-`--compile.enable`, and tensor parallelism and FSDP2 + TP on four ranks as non-strict xfails
-(TP_HANG) (several minutes)."""
+`--compile.enable`, tensor parallelism on two ranks and FSDP2 + TP on four (several minutes)."""
 import glob
 import json
 import os
@@ -218,15 +217,7 @@ def test_one_process_matches_the_cpu(assets, seed, tmp_path):
     assert train(assets, tmp_path / "eager", eager_flex=True, seed=seed) == on_cpu
 
 
-# The neuron c10d backend can hang when FSDP2's all-gathers and reduce-scatters meet other
-# collectives: ranks wait in different collectives of one group (docs/ecosystem.md). Seen in runs
-# with tensor parallelism, not (yet) in FSDP2 alone.
-TP_HANG = ("intermittent: ranks of one group can wait in different collectives (an all-gather and a "
-           "reduce-scatter) on neuron; docs/ecosystem.md, TorchTitan")
-
-
 @full_only
-@pytest.mark.xfail(strict=False, reason=TP_HANG)
 def test_tensor_parallel_two_ranks_bit_for_bit(assets, seed, tmp_path):
     tp = (*DTENSOR, "--parallelism.tensor_parallel_degree", "2")
     on_cpu = train(assets, tmp_path / "cpu", *tp, nproc=2, device="cpu", seed=seed)
@@ -243,12 +234,10 @@ def test_compiled_model_matches_the_cpu(assets, seed, tmp_path):
 
 
 @full_only
-@pytest.mark.xfail(strict=False, reason=TP_HANG)
 def test_fsdp2_and_tensor_parallel_on_four_ranks(assets, seed, tmp_path):
     both = (*DTENSOR, "--parallelism.tensor_parallel_degree", "2")
     on_cpu = train(assets, tmp_path / "cpu", *both, nproc=4, device="cpu", seed=seed)
-    assert train(assets, tmp_path / "neuron", *both, nproc=4, cores=4, eager_flex=True, seed=seed,
-                 timeout=180) == on_cpu
+    assert train(assets, tmp_path / "neuron", *both, nproc=4, cores=4, eager_flex=True, seed=seed) == on_cpu
 
 
 # Gaps: each fails, asking for docs/ecosystem.md to be updated, once TorchTitan or PyTorch closes it.

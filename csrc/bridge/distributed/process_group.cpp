@@ -1,5 +1,6 @@
 #include "process_group.h"
 
+#include <ATen/ThreadLocalState.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/StreamGuard.h>
 
@@ -215,9 +216,10 @@ class Watchdog {
 };
 
 // Drops a device thread's reference to a call. Not the last one there:
-// destroying gloo's Work takes the interpreter's lock (its saved thread-local
-// state), which a host waiting for the device may hold, so the watchdog's
-// thread destroys it instead.
+// destroying a call can take the interpreter's lock (the tensors it keeps,
+// whose Python objects PyTorch keeps alive while C++ holds them), which a
+// host waiting for the device may hold, so the watchdog's thread destroys it
+// instead.
 struct OffDevice {
   std::shared_ptr<CallState>& s;
   ~OffDevice() {
@@ -253,11 +255,31 @@ rt::TaskBody await_gloo(const std::shared_ptr<CallState>& s, const c10::intrusiv
   };
 }
 
+// The thread-local state gloo's calls are made in: that of a thread of its
+// own, none of the caller's. Gloo's threads take on the state of the call that
+// queued a work; with the caller's Python objects in it (activation
+// checkpointing's saved-tensor hooks) they take the interpreter's lock to copy
+// them, which a host waiting for the device may hold (DTensor's dispatch holds
+// it around each operator) while the device waits for the collective: a
+// deadlock. Nor are gloo's operators on host views any concern of the
+// caller's dispatch modes.
+const at::ThreadLocalState& plain_state() {
+  static const at::ThreadLocalState* state = [] {
+    const at::ThreadLocalState* captured = nullptr;
+    std::thread([&] { captured = new at::ThreadLocalState(); }).join();
+    return captured;
+  }();
+  return *state;
+}
+
 // gloo's call. A failure is the state's error (and reported): null then.
 c10::intrusive_ptr<Work> issue(CallState& s, c10d::Backend& gloo, const NeuronBackend::Launch& launch) {
   s.start = std::chrono::steady_clock::now();
   try {
-    c10::intrusive_ptr<Work> work = launch(gloo);
+    c10::intrusive_ptr<Work> work = [&] {
+      at::ThreadLocalStateGuard plain(plain_state());
+      return launch(gloo);
+    }();
     std::lock_guard<std::mutex> lock(s.mu);
     return s.inner = work;
   } catch (const std::exception& e) {
