@@ -5,6 +5,11 @@ are taken from an idle device: the enqueue time (the host returned from the
 N calls; the device may still be working) and the completed time (N calls
 then synchronize). The CPU backend's time is the N calls. Reported per
 operator call: median over repeats, devices alternating.
+
+Two rows are steps of two operators, the shape of optimizer and small-state
+code: `dependent_step` updates a state that each step reads (`a = a * 0.999 +
+b`), `independent_step` computes the same two operators from unchanged
+operands. Their figures are per step.
 """
 
 from __future__ import annotations
@@ -22,6 +27,12 @@ def _cases(device: torch.device) -> dict:
     a = torch.randn(16, 16, generator=g).to(device)
     b = torch.randn(16, 16, generator=g).to(device)
     s = torch.randn(1, generator=g).to(device)
+    state = [x]
+
+    def dependent_step():
+        state[0] = state[0] * 0.999 + y
+        return state[0]
+
     return {
         "add": lambda: x + y,
         "mul": lambda: x * y,
@@ -32,7 +43,12 @@ def _cases(device: torch.device) -> dict:
         "mm_16x16": lambda: a @ b,
         "view": lambda: x.view(2, 4),
         "item": lambda: s.item(),
+        "dependent_step": dependent_step,
+        "independent_step": lambda: x * 0.999 + y,
     }
+
+#: rows whose figure is per step of two operators (see the top)
+STEPS_OF_TWO = ("dependent_step", "independent_step")
 
 
 NAMES = list(_cases(CPU))
