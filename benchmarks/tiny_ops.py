@@ -4,7 +4,9 @@ For each operator, N calls are issued in a Python loop. On neuron two times
 are taken from an idle device: the enqueue time (the host returned from the
 N calls; the device may still be working) and the completed time (N calls
 then synchronize). The CPU backend's time is the N calls. Reported per
-operator call: median over repeats, devices alternating.
+operator call: median over repeats, devices alternating; three times the
+suite's repeats, since a sample lasts milliseconds and a shared host's other
+work moves single samples a lot.
 
 Two rows are steps of two operators, the shape of optimizer and small-state
 code: `dependent_step` updates a state that each step reads (`a = a * 0.999 +
@@ -71,7 +73,7 @@ def run(cfg: Config, bar) -> dict:
         for f, d in ((nrn, NEURON), (cpu, CPU)):  # warm-up: meta cache, allocator
             timed(f, d)
         enq, done, host = [], [], []
-        for _ in range(cfg.repeats):
+        for _ in range(3 * cfg.repeats):
             enq.append(timed(nrn, NEURON, wait=False) / n)
             done.append(timed(nrn, NEURON) / n)
             host.append(timed(cpu, CPU) / n)
