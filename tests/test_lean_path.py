@@ -80,7 +80,7 @@ def test_small_tensor_and_python_number_take_the_lean_path_and_match_cpu():
     ops = {"add": lambda a, s: a + s, "radd": lambda a, s: s + a, "sub": lambda a, s: a - s,
            "mul": lambda a, s: a * s, "rmul": lambda a, s: s * a, "div": lambda a, s: a / s,
            "add_alpha": lambda a, s: torch.add(a, s, alpha=2)}
-    numbers = (0.999, -3, True, 1e30, float("nan"), 2 ** 40, 1.5 - 2j)
+    numbers = (0.999, 1 / 3, -0.0, 1e-40, 3.4028235e38 * 1.0000001, 1e30, float("nan"), -3, True, 2 ** 40, 1.5 - 2j)
     bits = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731 (NaN payloads, signed zeros)
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,

@@ -32,6 +32,21 @@ class HostScalar {
     std::memcpy(bytes_, t.const_data_ptr(), t.itemsize());
   }
   HostScalar() = default;
+  // The value `v` as a float32 scalar tensor, wrapped or not.
+  static HostScalar float32(float v, bool wrapped) {
+    HostScalar s;
+    std::memcpy(s.bytes_, &v, sizeof v);
+    s.dtype_ = c10::ScalarType::Float;
+    s.wrapped_ = wrapped;
+    return s;
+  }
+  // The value, which is of `dtype()`.
+  template <class T>
+  T value() const {
+    T v;
+    std::memcpy(&v, bytes_, sizeof v);
+    return v;
+  }
 
   // A CPU tensor holding the value, for a kernel call on this thread; it
   // aliases this object, which must outlive it.

@@ -186,11 +186,20 @@ at::Tensor launch(const Op& op, LeanKernel kernel, const at::Tensor& a, const at
   return out;
 }
 
-// `self` and `number` passed lean_with_number.
+// `self` and `number` passed lean_with_number. A Python float with a float32
+// tensor reaches the kernel as the float32 it rounds to: the CPU kernel
+// converts it so before any use (TensorIterator's cast of a CPU scalar to the
+// common dtype, or the kernel's own reading of the original value as its
+// float32 opmath type), one rounding either way, and the task skips the
+// conversion's dispatched allocation and copy. Half and bfloat16 tensors keep
+// the double: their kernels compute with it in float32, not in their dtype.
 at::Tensor launch_with_number(const Op& op, LeanKernel kernel, const at::Tensor& self, const at::Tensor& number) {
   at::Tensor out = empty_contiguous(self.sizes(), self.scalar_type());
-  op.queue(self.device().index(), LeanScalarTask{kernel, out.data_ptr(), self.const_data_ptr(), self.numel(),
-                                                 HostScalar(number), self.scalar_type()});
+  HostScalar value(number);
+  if (self.scalar_type() == at::kFloat && value.dtype() == at::kDouble)
+    value = HostScalar::float32(static_cast<float>(value.value<double>()), value.wrapped());
+  op.queue(self.device().index(),
+           LeanScalarTask{kernel, out.data_ptr(), self.const_data_ptr(), self.numel(), value, self.scalar_type()});
   return out;
 }
 
