@@ -213,11 +213,13 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                  "tensors of 8 elements (mm: 16x16). *Enqueue*: the host returned from the calls; "
                  "*completed*: calls + synchronize. `dependent_step` (`a = a * 0.999 + b`, each step "
                  "reading the last) and `independent_step` (`x * 0.999 + b`) are steps of two operators, "
-                 "timed per step.\n")
+                 "timed per step. *CPU time*: the process's CPU time (all its threads) for the completed "
+                 "calls over the CPU backend's, the cost to the cores whatever else runs on them.\n")
         rows = [(n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_enqueue_s"]), fmt_time(r["neuron_completed_s"]),
-                 f"{r['ratio_enqueue']:.2f}x", f"{r['ratio_completed']:.2f}x") for n, r in t["ops"].items()]
-        s.append(_table(["op", "CPU", "neuron enqueue", "neuron completed", "enqueue/CPU", "completed/CPU"],
-                        rows))
+                 f"{r['ratio_enqueue']:.2f}x", f"{r['ratio_completed']:.2f}x",
+                 f"{r['ratio_cpu_time']:.2f}x" if "ratio_cpu_time" in r else "-") for n, r in t["ops"].items()]
+        s.append(_table(["op", "CPU", "neuron enqueue", "neuron completed", "enqueue/CPU", "completed/CPU",
+                         "CPU time/CPU"], rows))
         if "tiny_ops.png" in plot_files:
             s.append("\n![tiny ops](tiny_ops.png)\n")
 

@@ -6,7 +6,10 @@ N calls; the device may still be working) and the completed time (N calls
 then synchronize). The CPU backend's time is the N calls. Reported per
 operator call: median over repeats, devices alternating; three times the
 suite's repeats, since a sample lasts milliseconds and a shared host's other
-work moves single samples a lot.
+work moves single samples a lot. Beside the times, the process's CPU time
+for the completed samples (every thread: the host's and the executor's) and
+for the CPU backend's: what the work costs the cores whatever else runs on
+them, the figure a loaded host's times follow.
 
 Two rows are steps of two operators, the shape of optimizer and small-state
 code: `dependent_step` updates a state that each step reads (`a = a * 0.999 +
@@ -15,6 +18,8 @@ operands. Their figures are per step.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -72,15 +77,21 @@ def run(cfg: Config, bar) -> dict:
         nrn, cpu = _loop(cases["neuron"][name], n), _loop(cases["cpu"][name], n)
         for f, d in ((nrn, NEURON), (cpu, CPU)):  # warm-up: meta cache, allocator
             timed(f, d)
-        enq, done, host = [], [], []
+        enq, done, host, done_cpu, host_cpu = [], [], [], [], []
         for _ in range(3 * cfg.repeats):
             enq.append(timed(nrn, NEURON, wait=False) / n)
+            c = time.process_time()
             done.append(timed(nrn, NEURON) / n)
+            done_cpu.append((time.process_time() - c) / n)
+            c = time.process_time()
             host.append(timed(cpu, CPU) / n)
+            host_cpu.append((time.process_time() - c) / n)
         r = {"neuron_enqueue_s": median(enq), "neuron_completed_s": median(done), "cpu_s": median(host),
+             "neuron_cpu_time_s": median(done_cpu), "cpu_cpu_time_s": median(host_cpu),
              "neuron_enqueue_samples_s": enq, "neuron_completed_samples_s": done, "cpu_samples_s": host}
         r["ratio_enqueue"] = r["neuron_enqueue_s"] / r["cpu_s"]
         r["ratio_completed"] = r["neuron_completed_s"] / r["cpu_s"]
+        r["ratio_cpu_time"] = r["neuron_cpu_time_s"] / r["cpu_cpu_time_s"]
         out["ops"][name] = r
         bar.update(1)
     return out
