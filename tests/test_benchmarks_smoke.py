@@ -36,7 +36,8 @@ def test_benchmark_smoke_run(tmp_path):
         assert res["machine"][key]
     assert res["limits"]["triad"]["gbytes_per_s"] > 0 and res["limits"]["matmul"]["gflops"] > 0
     ops = res["tiny_ops"]["ops"]
-    assert set(ops) == {"add", "mul", "relu", "sum", "index", "cat", "mm_16x16", "view", "item"}
+    assert set(ops) == {"add", "mul", "relu", "sum", "index", "cat", "mm_16x16", "view", "item", "dependent_step",
+                        "independent_step"}
     for r in ops.values():
         assert r["neuron_enqueue_s"] > 0 and r["neuron_completed_s"] > 0 and r["cpu_s"] > 0
     assert {"matmul_64", "matmul_128", "conv2d_resnet_layer2", "softmax", "layer_norm",

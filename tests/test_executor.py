@@ -248,6 +248,30 @@ def test_cpu_scalar_operands_and_copies_to_the_host_stay_accepted():
     assert host.item() == 3.0
 
 
+def test_a_cpu_scalar_operand_is_read_at_the_call_and_keeps_its_dtype_rules():
+    # A zero-dimensional CPU tensor passed to a queued operator is taken by
+    # value at the call, as a copy to the device would be: writing it after the
+    # call, while the task still waits behind other work, changes nothing.
+    # Its dtype takes part in type promotion as on the CPU (a float64 scalar
+    # tensor leaves a float32 result float32; a float one makes an int result
+    # float).
+    g = torch.Generator().manual_seed(SEED)
+    big = torch.randn(256, 256, device="neuron")
+    for dtype, value in ((torch.float64, 2.5), (torch.float16, -1.5), (torch.int64, 3), (torch.bool, True),
+                         (torch.int8, -7)):
+        for x in (torch.randn(4, 3, generator=g) * 10, (torch.randn(4, 3, generator=g) * 10).to(torch.int32)):
+            ops = (lambda t, s: t * s, lambda t, s: torch.add(t, s, alpha=2), lambda t, s: torch.maximum(t, s),
+                   lambda t, s: t.clone().mul_(s) if torch.result_type(t, s) == t.dtype else t * s)
+            for op in ops:
+                s = torch.tensor(value, dtype=dtype)
+                want = op(x, s)
+                op(x.to("neuron"), s)  # the signature's first call runs synchronously
+                big = big @ big / 256  # keeps the stream busy while the host writes s
+                got = op(x.to("neuron"), s)
+                s.fill_(0)
+                assert got.dtype == want.dtype and torch.equal(got.cpu(), want), (dtype, x.dtype)
+
+
 def test_every_out_variant_refuses_a_cpu_out():
     """Every OpInfo operator with out=, its first sample on neuron, a zero-dimensional CPU out."""
     from torch.testing._internal.common_methods_invocations import op_db

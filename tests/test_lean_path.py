@@ -69,6 +69,56 @@ def test_small_same_shape_elementwise_ops_take_the_lean_path_and_match_cpu():
             assert torch.equal(got.cpu(), want), name
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
+def test_small_tensor_and_python_number_take_the_lean_path_and_match_cpu():
+    # `a * 0.999`, `a + 2`, `a - True`, `a / 3`: the number reaches the kernel
+    # as the wrapped CPU tensor PyTorch made of it, taken by value at the call.
+    # When the result keeps the tensor's dtype the call skips the meta pass
+    # (no meta-cache entry for new shapes); otherwise (an int tensor times a
+    # float, a complex number) it takes the generic path. Both agree with the
+    # CPU bit for bit, with its dtypes, strides and errors.
+    ops = {"add": lambda a, s: a + s, "radd": lambda a, s: s + a, "sub": lambda a, s: a - s,
+           "mul": lambda a, s: a * s, "rmul": lambda a, s: s * a, "div": lambda a, s: a / s,
+           "add_alpha": lambda a, s: torch.add(a, s, alpha=2)}
+    numbers = (0.999, 1 / 3, -0.0, 1e-40, 3.4028235e38 * 1.0000001, 1e30, float("nan"), -3, True, 2 ** 40, 1.5 - 2j)
+    bits = lambda t: t.reshape(-1).view(torch.uint8)  # noqa: E731 (NaN payloads, signed zeros)
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                  torch.uint8, torch.bool, torch.complex64):
+        for shape in ((), (8,), (3, 5), (2, 1, 4), (0, 3)):
+            a = (torch.randn(shape, generator=g) * 10).to(dtype)
+            if dtype.is_floating_point and a.numel():
+                a.view(-1)[0] = float("nan")
+            for s in numbers:
+                for name, op in ops.items():
+                    try:
+                        want = op(a, s)
+                    except RuntimeError as e:
+                        with pytest.raises(RuntimeError, match=re.escape(str(e).split("\n")[0][:40])):
+                            op(a.to("neuron"), s)
+                            torch.neuron.synchronize()
+                        continue
+                    got = op(a.to("neuron"), s)
+                    assert got.dtype == want.dtype and got.shape == want.shape, (name, dtype, s)
+                    assert got.stride() == want.stride(), (name, dtype, s)
+                    assert torch.equal(bits(got.cpu()), bits(want)), (name, dtype, s)
+    torch.neuron.synchronize()
+    a, i = torch.ones(6, 17, device="neuron"), torch.ones(6, 17, dtype=torch.int64, device="neuron")
+    entries = torchneuron._C._meta_cache_entries()
+    for name in ("add", "sub", "mul", "div"):
+        ops[name](a, 0.5)
+    ops["mul"](i, 3)
+    assert torchneuron._C._meta_cache_entries() == entries
+    ops["mul"](i, 0.5)  # promotes: generic
+    assert torchneuron._C._meta_cache_entries() > entries
+    # A dependent chain, as optimizer code runs it: the CPU's bits.
+    x, b = torch.randn(8, generator=g), torch.randn(8, generator=g)
+    xn, bn = x.to("neuron"), b.to("neuron")
+    for _ in range(100):
+        x, xn = x * 0.999 + b, xn * 0.999 + bn
+    assert torch.equal(xn.cpu(), x)
+
+
 def test_small_cat_of_contiguous_tensors_takes_the_lean_path_and_matches_cpu():
     # cat of small contiguous tensors of one dtype with up to three dimensions
     # is a copy of rows made by the task itself (csrc/bridge/ops/lean_path.cpp):

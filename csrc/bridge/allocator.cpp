@@ -282,7 +282,13 @@ class LiveBlocks {
   void add(Block* b) {
     Shard& s = shard(b->ptr);
     std::lock_guard<std::mutex> lock(s.mu);
-    s.blocks.emplace(b->ptr, b);
+    if (s.spare.empty()) {
+      s.blocks.emplace(b->ptr, b);
+      return;
+    }
+    s.spare.key() = b->ptr;
+    s.spare.mapped() = b;
+    s.blocks.insert(std::move(s.spare));
   }
   // The block allocated at `ptr`, removed when `take`; null if none is.
   Block* find(const void* ptr, bool take) {
@@ -291,14 +297,22 @@ class LiveBlocks {
     auto it = s.blocks.find(ptr);
     if (it == s.blocks.end()) return nullptr;
     Block* b = it->second;
-    if (take) s.blocks.erase(it);
+    if (take) {
+      auto node = s.blocks.extract(it);
+      if (s.spare.empty()) s.spare = std::move(node);
+    }
     return b;
   }
 
  private:
+  using Map = std::unordered_map<const void*, Block*>;
   struct Shard {
     std::mutex mu;
-    std::unordered_map<const void*, Block*> blocks;
+    Map blocks;
+    // The node of the last block taken, for the next one added: a tiny
+    // operator's output is freed and its block allocated again at every
+    // step, and the node's heap block would go with it.
+    Map::node_type spare;
   };
   static constexpr size_t kShards = 16;
   std::array<Shard, kShards> shards_;

@@ -12,6 +12,7 @@
 #include "../kernels/device_ops.h"
 #include "../memcheck.h"
 #include "fuser.h"
+#include "host_scalar.h"
 #include "host_views.h"
 #include "op_policy.h"
 #include "result_copy.h"
@@ -52,7 +53,8 @@ c10::IValue task_arg(const c10::IValue& a, size_t i, const OpPolicy& policy, c10
   });
 }
 
-// What a queued task gets: host values now, device tensors as metadata only
+// What a queued task gets: host values now (zero-dimensional host tensors as
+// their values: HostScalar), device tensors as metadata only
 // (DeferredHostView: the task makes their views when it runs), whether they
 // are arguments of their own or elements of a Tensor[] / Tensor?[] list. A
 // device tensor passed more than once gets one host view, as on the CPU the
@@ -69,9 +71,15 @@ struct TaskValues {
   };
   std::vector<c10::IValue> values;
   c10::SmallVector<Deferred, 3> deferred;
+  c10::SmallVector<std::pair<size_t, HostScalar>, 2> scalars;  // (index into values, value)
 
   void add(const at::Tensor& device_tensor) {
     defer(values.size(), -1, device_tensor);
+    values.emplace_back();
+  }
+  // `host_tensor` passed HostScalar::fits.
+  void add_scalar(const at::Tensor& host_tensor) {
+    scalars.emplace_back(values.size(), HostScalar(host_tensor));
     values.emplace_back();
   }
   // A list whose device tensors are left empty (undefined or None) until
@@ -99,6 +107,8 @@ struct TaskValues {
     }
   }
   void make(bool resizable = false) {
+    for (const auto& [index, scalar] : scalars) values[index] = scalar.tensor();
+    scalars.clear();
     c10::SmallVector<at::Tensor, 3> views;
     for (const auto& d : deferred) {
       at::Tensor view = d.same_as >= 0 ? views[d.same_as] : d.view.make(resizable);
@@ -167,6 +177,7 @@ class LaunchPool {
     for (TaskValues* v : {&l->task_args, &l->outputs}) {
       v->values.clear();
       v->deferred.clear();
+      v->scalars.clear();
     }
     l->grown_out.clear();
     Local& local = local_records();
@@ -288,6 +299,8 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
         args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().device().type() == kNeuron;
     if (device_tensor && !policy.is_generator(i))
       task_args.add(args[i].toTensor());
+    else if (args[i].isTensor() && HostScalar::fits(args[i].toTensor()))
+      task_args.add_scalar(args[i].toTensor());
     else if (policy.is_tensor_list[i] && args[i].isList())
       task_args.add_list(args[i]);
     else

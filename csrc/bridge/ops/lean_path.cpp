@@ -18,9 +18,13 @@
 // selection of rows by an int64 index, is a copy of rows, which the task
 // makes itself. A matrix product of contiguous or transposed matrices (a
 // Linear layer's `x @ w.t()`) runs the CPU kernel on aliases of the same
-// layouts: the same gemm call. Anything else (broadcasting,
-// type promotion, CPU scalars, strided views, fusable sizes, an error to
-// raise) takes the boxed path unchanged.
+// layouts: the same gemm call. A Python number as the second operand of
+// add, sub, mul or div (`a * 0.999`: PyTorch passes it as a wrapped
+// zero-dimensional CPU tensor) is taken by value (HostScalar) and given to the
+// CPU kernel as the same wrapped tensor, when the result keeps the tensor's
+// dtype. Anything else (broadcasting, type promotion, other CPU tensors,
+// strided views, fusable sizes, an error to raise) takes the boxed path
+// unchanged.
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
@@ -30,6 +34,7 @@
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
 #include <ATen/ops/sum_cpu_dispatch.h>
+#include <ATen/native/TypeProperties.h>
 #include <c10/core/WrapDimMinimal.h>
 
 #include <cstring>
@@ -38,6 +43,7 @@
 #include "../device_state.h"
 #include "../exec/executor.h"
 #include "../exec/fuser.h"
+#include "../exec/host_scalar.h"
 #include "../exec/host_views.h"
 #include "../exec/thread_count.h"
 #include "../memcheck.h"
@@ -82,6 +88,25 @@ struct LeanTask {
   }
 };
 
+// A task of one operand and a Python number: the CPU kernel on a flat host
+// view of the operand and the number as the wrapped tensor it came as.
+struct LeanScalarTask {
+  LeanKernel kernel;
+  void* out;
+  const void* a;
+  int64_t numel;
+  HostScalar number;
+  c10::ScalarType dtype;
+
+  void operator()() const {
+    auto guard = below_autograd();
+    follow_host_thread_count();
+    at::Tensor o = alias(out, numel, dtype);
+    kernel(o, alias(a, numel, dtype), number.alias());
+  }
+};
+static_assert(sizeof(LeanScalarTask) <= 64, "kept inline in its task body (runtime/task.h), as LeanTask is");
+
 // A non-empty neuron tensor with row-major strides, size-1 dimensions' too
 // (the CPU's kernels lay results out after them, and give empty results
 // other strides), and no conj or neg bit.
@@ -101,6 +126,20 @@ bool lean_operands(const at::Tensor& a, const at::Tensor& b = {}) {
   if (!plain(a) || a.device().index() != current_device() || a.numel() >= min_fusable_numel()) return false;
   return !b.defined() || (plain(b) && b.device() == a.device() && b.scalar_type() == a.scalar_type() &&
                           b.sizes() == a.sizes());
+}
+
+// Whether `self op other` can take the lean path as a tensor and a Python
+// number: `self` passes lean_operands, `other` is a number PyTorch wrapped,
+// and the result keeps self's dtype (a float tensor times an int, not an int
+// tensor times a float).
+bool lean_with_number(const at::Tensor& self, const at::Tensor& other) {
+  if (!other.defined() || !other.unsafeGetTensorImpl()->is_wrapped_number() || !HostScalar::fits(other) ||
+      !lean_operands(self))
+    return false;
+  at::native::ResultTypeState state;
+  state = at::native::update_result_type_state(self, state);
+  state = at::native::update_result_type_state(other, state);
+  return at::native::result_type(state) == self.scalar_type();
 }
 
 // One operator: its schema, for the boxed path, and its slot in op tracking.
@@ -144,6 +183,23 @@ at::Tensor launch(const Op& op, LeanKernel kernel, const at::Tensor& a, const at
   op.queue(a.device().index(), LeanTask{kernel, out.data_ptr(), a.const_data_ptr(),
                                         b.defined() ? b.const_data_ptr() : nullptr, a.numel(), a.scalar_type(),
                                         b.defined(), reduces});
+  return out;
+}
+
+// `self` and `number` passed lean_with_number. A Python float with a float32
+// tensor reaches the kernel as the float32 it rounds to: the CPU kernel
+// converts it so before any use (TensorIterator's cast of a CPU scalar to the
+// common dtype, or the kernel's own reading of the original value as its
+// float32 opmath type), one rounding either way, and the task skips the
+// conversion's dispatched allocation and copy. Half and bfloat16 tensors keep
+// the double: their kernels compute with it in float32, not in their dtype.
+at::Tensor launch_with_number(const Op& op, LeanKernel kernel, const at::Tensor& self, const at::Tensor& number) {
+  at::Tensor out = empty_contiguous(self.sizes(), self.scalar_type());
+  HostScalar value(number);
+  if (self.scalar_type() == at::kFloat && value.dtype() == at::kDouble)
+    value = HostScalar::float32(static_cast<float>(value.value<double>()), value.wrapped());
+  op.queue(self.device().index(),
+           LeanScalarTask{kernel, out.data_ptr(), self.const_data_ptr(), self.numel(), value, self.scalar_type()});
   return out;
 }
 
@@ -325,36 +381,41 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
 }
 
 // Each takes the lean path only for dtypes whose result keeps their dtype and
-// raises nothing: sub and relu refuse bool, div promotes integers to float.
+// raises nothing: sub and relu refuse bool (sub a bool number too), div
+// promotes integers to float.
 at::Tensor add_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const Op op("aten::add", "Tensor");
-  if (is_one(alpha) && lean_operands(self, other))
-    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::add_out(o, a, b); },
-                  self, other);
+  constexpr LeanKernel kernel = [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::add_out(o, a, b); };
+  if (is_one(alpha) && lean_operands(self, other)) return launch(op, kernel, self, other);
+  if (is_one(alpha) && lean_with_number(self, other)) return launch_with_number(op, kernel, self, other);
   return op.boxed(self, other, alpha);
 }
 
 at::Tensor sub_tensor(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
   static const Op op("aten::sub", "Tensor");
-  if (is_one(alpha) && lean_operands(self, other) && self.scalar_type() != at::kBool)
-    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::sub_out(o, a, b); },
-                  self, other);
+  constexpr LeanKernel kernel = [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::sub_out(o, a, b); };
+  if (is_one(alpha) && self.scalar_type() != at::kBool && other.scalar_type() != at::kBool) {
+    if (lean_operands(self, other)) return launch(op, kernel, self, other);
+    if (lean_with_number(self, other)) return launch_with_number(op, kernel, self, other);
+  }
   return op.boxed(self, other, alpha);
 }
 
 at::Tensor mul_tensor(const at::Tensor& self, const at::Tensor& other) {
   static const Op op("aten::mul", "Tensor");
-  if (lean_operands(self, other))
-    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::mul_out(o, a, b); },
-                  self, other);
+  constexpr LeanKernel kernel = [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::mul_out(o, a, b); };
+  if (lean_operands(self, other)) return launch(op, kernel, self, other);
+  if (lean_with_number(self, other)) return launch_with_number(op, kernel, self, other);
   return op.boxed(self, other);
 }
 
 at::Tensor div_tensor(const at::Tensor& self, const at::Tensor& other) {
   static const Op op("aten::div", "Tensor");
-  if (lean_operands(self, other) && at::isFloatingType(self.scalar_type()))
-    return launch(op, [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::div_out(o, a, b); },
-                  self, other);
+  constexpr LeanKernel kernel = [](at::Tensor& o, const at::Tensor& a, const at::Tensor& b) { at::cpu::div_out(o, a, b); };
+  if (at::isFloatingType(self.scalar_type())) {
+    if (lean_operands(self, other)) return launch(op, kernel, self, other);
+    if (lean_with_number(self, other)) return launch_with_number(op, kernel, self, other);
+  }
   return op.boxed(self, other);
 }
 
