@@ -411,3 +411,22 @@ def test_index_fill_reads_a_cpu_scalar_value_at_the_call_and_queues():
             with pytest.raises(RuntimeError, match=message):
                 x.index_fill(0, idx.to(device), value.to(device))
             assert torch.equal(x.cpu(), torch.arange(12.0).view(3, 4))
+
+
+def _scripted_index_writes(x, index):
+    x[x < 50] = 1.0
+    x[index] = -2.0
+    x[index, None] += 0.5
+    return x
+
+
+def test_torchscript_index_writes_take_a_generic_list_of_optional_tensors():
+    """TorchScript's interpreter, once it has profiled a graph (from its second call on), passes an
+    index_put's `Tensor?[]` as a generic list of tensors and Nones; the call is taken as from eager
+    code, result by result the CPU's."""
+    scripted = torch.jit.script(_scripted_index_writes)
+    index = torch.tensor([3, 60, 99])
+    for _ in range(3):
+        want = _scripted_index_writes(torch.arange(100.0), index)
+        got = scripted(torch.arange(100.0, device="neuron"), index.to("neuron"))
+        assert torch.equal(got.cpu(), want)
