@@ -82,6 +82,7 @@ SKIPPED_BY_TEST = {
                 "test_tensor_creation_ops::TestAsArray::*",
                 "test_type_promotion::TestTypePromotion::test_numpy_*",
                 "test_view_ops::TestOldViewOps::test_conj_neg_view_numpy_error",
+                "test_torch::TestTorchDeviceType::test_warn_always_caught",
                 "test_shape_ops::TestShapeOps::test_diagonal_multidim_*",
             ],
             "files and storages of the host or of the meta device (from_file, storage file names, "
@@ -90,8 +91,9 @@ SKIPPED_BY_TEST = {
                 "test_tensor_creation_ops::TestTensorCreation::test_storage_filename",
                 "test_torch::TestTorchDeviceType::test_storage_meta_ok_*",
             ],
-            "the CPU's own kernels (vectorised and non-vectorised paths, fast paths for expanded indices, "
-            "its int8 matmul, its results for non-finite float-to-int casts, its index errors at the call): "
+            "the CPU's own kernels (vectorised and non-vectorised paths, reduced-precision and parallel paths, "
+            "fast paths for expanded indices and channels-last, its int8 matmuls, its results for non-finite "
+            "float-to-int casts, its index errors at the call): "
             "one backend's implementation, as CUDA's tests cover CUDA's": [
                 "test_complex::TestComplexTensor::test_eq_*",
                 "test_complex::TestComplexTensor::test_ne_*",
@@ -103,13 +105,29 @@ SKIPPED_BY_TEST = {
                 "test_tensor_creation_ops::TestTensorCreation::test_cat2_*",
                 "test_torch::TestTorchDeviceType::test_errors_index_copy",
                 "test_torch::TestTorchDeviceType::test_gather_backward_one_dim",
+                "test_linalg::TestLinalg::test__int8_mm_*",
+                "test_linalg::TestLinalg::test_compile_int8_mm_*",
+                "test_nn::TestNNDeviceType::test_activations_bfloat16_half_cpu_*",
+                "test_nn::TestNNDeviceType::test_softmax_cpu_*",
+                "test_nn::TestNNDeviceType::test_log_softmax_cpu_*",
+                "test_nn::TestNNDeviceType::test_groupnorm_nhwc_*",
+                "test_binary_ufuncs::TestBinaryUfuncs::test_lerp_lowp_cpu_*",
+                "test_reductions::TestReductions::test_histc_lowp_*",
+                "test_reductions::TestReductions::test_sum_noncontig_lowp_*",
+                "test_reductions::TestReductions::test_sum_parallel",
+                "test_reductions::TestReductions::test_nanmean_integral_types_*",
+                "test_torch::TestTorchDeviceType::test_bfloat16_neg_abs",
+            ],
+            "sparse layouts built on the CPU": [
+                "test_view_ops::TestOldViewOps::test_crow_col_indices",
             ],
             "quantized dtypes (CPU kernels only in PyTorch)": [
                 "test_torch::TestTorchDeviceType::test_nondeterministic_resize_quantized_*",
             ],
-            "device-independent behaviour tested once: the body builds its tensors on the default device, or "
-            "compares the meta device with the CPU (dtype inference of factories, views, stack, chunk, unbind, "
-            "tolist, operator tags, modules built on meta, autograd flags of copy_)": [
+            "device-independent behaviour tested once: the body builds its tensors on the default device, compares "
+            "the meta device with the CPU, or checks shapes and dtypes (dtype inference of factories and sums, "
+            "legacy constructors, views, stack, chunk, split, unbind, tolist, operator tags, modules built on meta, "
+            "autograd flags of copy_)": [
                 "test_tensor_creation_ops::TestTensorCreation::test_arange_inference",
                 "test_tensor_creation_ops::TestRandomTensorCreation::test_randint_inference",
                 "test_tensor_creation_ops::TestTensorCreation::test_as_tensor",
@@ -126,6 +144,19 @@ SKIPPED_BY_TEST = {
                 "test_ops::TestCommon::test_meta_consistency_out_dtype_mismatch_*",
                 "test_modules::TestModule::test_device_ctx_init_*",
                 "test_autograd::TestAutogradDeviceType::test_copy_",
+                "test_reductions::TestReductions::test_accreal_type",
+                "test_reductions::TestReductions::test_sum_integer_upcast",
+                "test_view_ops::TestOldViewOps::test_narrow",
+                "test_view_ops::TestOldViewOps::test_split",
+                "test_view_ops::TestOldViewOps::test_unsqueeze",
+                "test_view_ops::TestOldViewOps::test_broadcast_tensors_*",
+                "test_tensor_creation_ops::TestTensorCreation::test_diag_embed_*",
+                "test_tensor_creation_ops::TestLikeTensorCreation::test_empty_like",
+                "test_tensor_creation_ops::TestRandomTensorCreation::test_randint",
+                "test_tensor_creation_ops::TestTensorCreation::test_new_tensor",
+                "test_tensor_creation_ops::TestTensorCreation::test_tensor_factory",
+                "test_tensor_creation_ops::TestTensorCreation::test_tensor_factory_copy_var",
+                "test_tensor_creation_ops::TestTensorCreation::test_constructor_device_legacy",
             ],
         },
     ),
