@@ -385,3 +385,72 @@ def test_index_fill_refuses_a_cpu_index_as_cuda_does(in_place, index):
     filled = x.index_fill(0, torch.tensor(index, device="neuron"), -1.0)
     assert torch.equal(filled.cpu(), torch.arange(12.0).view(3, 4).index_fill(0, torch.tensor(index), -1.0))
     assert torchneuron.get_fallback_ops() == {}
+
+
+def test_index_fill_reads_a_cpu_scalar_value_at_the_call_and_queues():
+    """A zero-dimensional CPU value is host data: ATen's index_fill_ (the CPU's and CUDA's) reads it at
+    the call and fills with that number. So does neuron, on the queued path (PyTorch's Python meta
+    function refuses a value on another device, which would make the call wait for the device), with
+    no warning; the value is fixed when the call returns. Results, strides, gradients and errors as
+    on the CPU; a value on the device queues too."""
+    import warnings
+
+    import torchneuron
+
+    torchneuron.clear_op_tracking()
+    idx = torch.tensor([2, 0])
+    cases = ((torch.float32, -1.5), (torch.int64, 2.5), (torch.bool, True), (torch.complex64, 1 - 2j))
+    for (dtype, number), dim, transposed in ((c, d, t) for c in cases for d in (0, 1) for t in (False, True)):
+        x = torch.arange(12).view(3, 4).to(dtype)
+        x = x.t().contiguous().t() if transposed else x
+        value = torch.tensor(number)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = x.to("neuron").index_fill(dim, idx.to("neuron"), value)
+            got_in_place = x.to("neuron")
+            got_in_place.index_fill_(dim, idx.to("neuron"), value)
+            on_device = x.to("neuron").index_fill(dim, idx.to("neuron"), value.to("neuron"))
+        value.fill_(0)  # read at the call: no effect on what was queued
+        want = x.index_fill(dim, idx, torch.tensor(number))
+        for t in (got, got_in_place, on_device):
+            assert torch.equal(t.cpu(), want) and t.stride() == want.stride(), (dtype, dim, transposed)
+    assert torchneuron.get_fallback_ops() == {}
+
+    def fill_grads(device):
+        v = torch.tensor(1.5, requires_grad=True)
+        x = torch.arange(12.0, device=device).view(3, 4).requires_grad_()
+        weights = torch.arange(12.0, device=device).view(3, 4)
+        (x.index_fill(1, idx.to(device), v) * weights).sum().backward()
+        return v.grad, x.grad.cpu()
+    assert all(torch.equal(a, b) for a, b in zip(fill_grads("neuron"), fill_grads("cpu")))
+
+    for value, message in ((torch.tensor([5.0]), r"^index_fill_ only supports a 0-dimensional value tensor, "
+                                                  r"but got tensor with 1 dimension\(s\)\.$"),
+                           (torch.tensor(1j), r"^index_fill_\(\): Converting complex Scalar to non-complex type "
+                                              r"is not supported$")):
+        for device in ("cpu", "neuron"):
+            x = torch.arange(12.0, device=device).view(3, 4)
+            with pytest.raises(RuntimeError, match=message):
+                x.index_fill(0, idx.to(device), value)
+            with pytest.raises(RuntimeError, match=message):
+                x.index_fill(0, idx.to(device), value.to(device))
+            assert torch.equal(x.cpu(), torch.arange(12.0).view(3, 4))
+
+
+def _scripted_index_writes(x, index):
+    x[x < 50] = 1.0
+    x[index] = -2.0
+    x[index, None] += 0.5
+    return x
+
+
+def test_torchscript_index_writes_take_a_generic_list_of_optional_tensors():
+    """TorchScript's interpreter, once it has profiled a graph (from its second call on), passes an
+    index_put's `Tensor?[]` as a generic list of tensors and Nones; the call is taken as from eager
+    code, result by result the CPU's."""
+    scripted = torch.jit.script(_scripted_index_writes)
+    index = torch.tensor([3, 60, 99])
+    for _ in range(3):
+        want = _scripted_index_writes(torch.arange(100.0), index)
+        got = scripted(torch.arange(100.0, device="neuron"), index.to("neuron"))
+        assert torch.equal(got.cpu(), want)

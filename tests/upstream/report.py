@@ -38,6 +38,10 @@ def problems(files):
         for tid, k in verdicts[f].items():
             if k == "neuron_only":
                 out.append(f"neuron-only failure: {tid}: {r['results'][tid]['neuron']['detail']}")
+            elif k == "neuron_skipped" and lists.own_skip_cause(tid, r["results"][tid]["neuron"]["detail"]) is None:
+                out.append(f"skipped by the test on neuron only, with a message lists.SKIPPED_BY_TEST does not "
+                           f"explain (it may hide a test other accelerators run): {tid}: "
+                           f"{r['results'][tid]['neuron']['detail']}")
         plan = r.get("plan") or {}
         for p in plan.get("unmatched", []):
             out.append(f"list entry matches no test of {f} (stale, or the test was renamed): {p}")
@@ -126,15 +130,38 @@ def write(files, wall, full, jobs, path, cpu=None, scale=1):
         w(f"- {cause}: {len(entries)} entries, {n} tests in this run")
     w("")
     w("## Skipped by the test itself on `neuron` only (CPU passes)\n")
-    w("Decorators such as `@onlyCPU`, `@onlyNativeDeviceTypes`, `@skipMeta`-style device checks: "
-      "the upstream test chose not to run on a non-native device.\n")
-    reasons = collections.Counter()
+    w("The upstream test's own decorator skips it on `neuron`; grouped by the skip's message, then by why the "
+      "test is written so ([lists.py](lists.py), SKIPPED_BY_TEST). A message not listed there fails CI.\n")
+    groups = collections.defaultdict(collections.Counter)
+    unread = collections.defaultdict(list)
     for f, r in files.items():
         for tid, k in verdicts[f].items():
-            if k == "neuron_skipped":
-                reasons[r["results"][tid]["neuron"]["detail"][:120]] += 1
-    for reason, n in reasons.most_common(15):
-        w(f"- {n}: {reason}")
+            if k != "neuron_skipped":
+                continue
+            message = r["results"][tid]["neuron"]["detail"]
+            decorator, why = lists.own_skip_cause(tid, message) or (f"not explained: `{message[:120]}`", None)
+            groups[decorator][why] += 1
+            if why is None:
+                unread[decorator].append(tid)
+    for decorator, whys in groups.items():
+        w(f"- {decorator}: {sum(whys.values())}")
+        for why, n in whys.most_common():
+            if why is not None:
+                w(f"  - {n}: {why}")
+        if unread[decorator]:
+            ids = sorted(unread[decorator])
+            w(f"  - {len(ids)}: not yet read: " + ", ".join(f"`{i}`" for i in ids[:6]) + (", ..." if len(ids) > 6 else ""))
+    w("")
+    w("## How the `neuron` classes are instantiated ([instantiation.py](instantiation.py))\n")
+    adjusted, widened = {}, 0
+    for r in files.values():
+        plan = r.get("plan") or {}
+        widened += plan.get("widened", 0)
+        for what, why in plan.get("adjusted", []):
+            adjusted[what] = why
+    for what, why in adjusted.items():
+        w(f"- `{what}`: {why}")
+    w(f"- tests given the CUDA list's dtypes in these files: {widened}")
     w("")
     w("## Failing on the CPU too (not counted: mostly the version gap between the test files and this PyTorch)\n")
     reasons = collections.Counter()

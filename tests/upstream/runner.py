@@ -6,7 +6,8 @@ compares them test by test.
 Each file runs in worker processes of its own (``--worker``), which import it
 as a module (not as ``__main__``), so that PyTorch's
 ``instantiate_device_type_tests`` makes its ``...CPU`` class and its
-PrivateUse1 class (``torch._C._get_privateuse1_backend_name()``: ``neuron``).
+PrivateUse1 class (``torch._C._get_privateuse1_backend_name()``: ``neuron``),
+instantiated as an accelerator's (instantiation.py).
 A test exists on both when the two classes have the same test with the device
 name swapped; each such pair is one test here, its id ``file::Class::name``
 with the class's device suffix and the test's device token removed.
@@ -212,8 +213,9 @@ def worker(file, test_dir, full, skip_from, only=None, trace_all=False):
     sys.path.insert(0, test_dir)
     import torch
     import torchneuron  # noqa: F401  (explicit, so the device exists with autoload off)
-    from tests.upstream import compat, lists
+    from tests.upstream import compat, instantiation, lists
     compat.install()
+    instantiation.install()
     t0 = time.time()
     module = __import__(file)
     compat.after_import(module)
@@ -223,10 +225,11 @@ def worker(file, test_dir, full, skip_from, only=None, trace_all=False):
     chosen = select_ids(file, ids, full, known)
     if only:
         chosen = [i for i in ids if matches(i, only)]
-    mine = [p for p in known + lists.skip_patterns() if p.startswith(file + "::")]
+    mine = [p for p in known + lists.skip_patterns() + lists.own_skip_patterns() if p.startswith(file + "::")]
     unmatched = [p for p in mine if not any(matches(i, p) for i in ids)]
     emit(event="plan", total=len(ids), one_sided=one_sided, chosen=len(chosen), import_s=time.time() - t0,
-         provided=compat.PROVIDED, unmatched=unmatched)
+         provided=compat.PROVIDED, unmatched=unmatched, adjusted=instantiation.ADJUSTED,
+         widened=len(instantiation.WIDENED))
     started = set()
     torch.manual_seed(0)
     todo = chosen[chosen.index(skip_from) + 1:] if skip_from in chosen else chosen

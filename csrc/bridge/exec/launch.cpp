@@ -97,11 +97,15 @@ struct TaskValues {
       for (size_t k = 0; k < tensors.size(); ++k) copy.push_back(element(tensors[k], static_cast<int64_t>(k)));
       values.emplace_back(std::move(copy));
     } else {
-      c10::List<std::optional<at::Tensor>> tensors = list.toOptionalTensorList(), copy;
-      copy.reserve(tensors.size());
-      for (size_t k = 0; k < tensors.size(); ++k) {
-        std::optional<at::Tensor> t = tensors[k];
-        copy.push_back(t ? std::optional<at::Tensor>(element(*t, static_cast<int64_t>(k))) : std::nullopt);
+      // Tensor?[]: typed so, or, from TorchScript's interpreter once it has
+      // profiled a graph, a generic list of tensors and Nones.
+      const c10::List<c10::IValue> items = list.toList();
+      c10::List<std::optional<at::Tensor>> copy;
+      copy.reserve(items.size());
+      for (size_t k = 0; k < items.size(); ++k) {
+        const c10::IValue item = items.get(k);
+        copy.push_back(item.isTensor() ? std::optional<at::Tensor>(element(item.toTensor(), static_cast<int64_t>(k)))
+                                       : std::nullopt);
       }
       values.emplace_back(std::move(copy));
     }

@@ -45,6 +45,10 @@ void random_range_checked(const c10::OperatorHandle& op, torch::jit::Stack* stac
 // non_strided.cpp: the boxed kernel of the sparse neuron keys, a clear refusal.
 void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
+// index_fill_value.cpp: index_fill_.int_Tensor (boxed): a CPU zero-dimensional
+// value is read at the call and passed on as index_fill_.int_Scalar
+void index_fill_tensor_value(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
 // foreach_scalars.cpp: in-place foreach overloads taking a host tensor of
 // scalars, read at the call and passed on as the Scalar[] overload
 void foreach_addcdiv_tensor_(at::TensorList self, at::TensorList tensor1, at::TensorList tensor2,

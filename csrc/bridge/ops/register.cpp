@@ -45,6 +45,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", accessing<native_dropout>());
   m.impl("random_.from", torch::CppFunction::makeFromBoxedFunction<&random_range_checked>());
   m.impl("random_.to", torch::CppFunction::makeFromBoxedFunction<&random_range_checked>());
+  m.impl("index_fill_.int_Tensor", torch::CppFunction::makeFromBoxedFunction<&index_fill_tensor_value>());
   m.impl("_foreach_addcdiv_.Tensor", accessing<foreach_addcdiv_tensor_>());
   m.impl("_foreach_addcmul_.Tensor", accessing<foreach_addcmul_tensor_>());
   m.impl("add.Tensor", accessing<add_tensor>());
