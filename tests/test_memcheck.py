@@ -373,13 +373,67 @@ def test_reuse_ordered_through_a_third_stream(orders, use, wait):
     assert named in msg and f" on neuron:0 stream {extra_unordered['s1']} " in msg, msg
 
 
-def _fsdp2_under_the_checker(rank, world, port, directory):
+# x (the default stream's) is used on s1 behind busy work (so after its free)
+# without record_stream, and its memory reused on the default stream; the
+# only order between the use and the reuse goes through a collective: queued
+# from s1, it runs after s1's work on the communication stream, and WAIT is
+# the default stream's or the host's wait for it. Left out, the reuse is a
+# missing record_stream.
+THROUGH_A_COLLECTIVE = """
+s1 = torch.neuron.Stream()
+a = torch.randn(768, 768, device="neuron")
+w = torch.ones(1024, device="neuron")
+x = torch.ones(1 << 16, device="neuron")
+ptr = x.data_ptr()
+s1.wait_stream(torch.neuron.current_stream())
+with torch.neuron.stream(s1):
+    for _ in range(6):
+        a = a @ a / 768
+    y = x.view(256, 256) @ x.view(256, 256)
+    work = dist.all_reduce(w, async_op=True)
+del x
+WAIT
+z = torch.full((1 << 16,), 5.0, device="neuron")
+extra["same"], extra["s1"], extra["device"] = z.data_ptr() == ptr, s1.stream_id, z.device.index
+keep.append((y, z, work))
+"""
+WORK_WAITS = {"stream": "work.wait()",  # the default stream waits; gloo's thread ends its wait
+              "host": "work.wait(datetime.timedelta(seconds=60))",  # with a timeout: on the host
+              "done": "while not work.is_completed(): time.sleep(0.001)\nwork.wait()",  # over at once
+              "none": ""}
+
+
+def _work_wait_cases(directory):
+    """THROUGH_A_COLLECTIVE with each of WORK_WAITS, from a file (reports show its lines): {wait: (reports, extra)}."""
+    import datetime
+    import time
+    import torch.distributed as dist
+    import torchneuron.memcheck as mc
+
+    cases, keep = {}, []
+    for name, wait in WORK_WAITS.items():
+        path = os.path.join(directory, f"work_wait_{name.replace(' ', '_')}_{dist.get_rank()}.py")
+        with open(path, "w") as f:
+            f.write(THROUGH_A_COLLECTIVE.replace("WAIT", wait))
+        extra, before = {}, len(mc.reports())
+        with open(path) as f:
+            exec(compile(f.read(), path, "exec"), {"torch": torch, "dist": dist, "datetime": datetime, "time": time,
+                                                   "extra": extra, "keep": keep})
+        torch.neuron.synchronize()
+        dist.barrier()
+        cases[name] = ([[r.kind, str(r)] for r in mc.reports()[before:]], extra)
+    return cases
+
+
+def _ranks_under_the_checker(rank, world, port, directory):
     """FSDP2 training (an MLP, the demo's GPT) and a torch.distributed.checkpoint
     round trip on a rank under the checker, as test_distributed_parallel's
     worker begins (its meshes first: in the allocator state they leave, the
     GPT's steps reuse the all-gather copy-in's memory). FSDP2 orders that
     reuse only through a third stream (copy-in stream, all-gather stream,
-    default stream), and the copy-in's first call counts as its stream's work."""
+    default stream), and the copy-in's first call counts as its stream's work.
+    Then the orders through a collective's Work.wait() (_work_wait_cases), in
+    the same ranks: a spawn is the cost."""
     import torch.distributed as dist
     import torchneuron.memcheck as mc
     from test_distributed_parallel import _checkpoint, _mesh_facts, _train_gpt, _train_mlp
@@ -393,20 +447,42 @@ def _fsdp2_under_the_checker(rank, world, port, directory):
         losses += _train_gpt("neuron", "fsdp", rank, world)[0]
         _checkpoint(rank, world, directory)
         torch.neuron.synchronize()
-        return {"reports": [str(r) for r in mc.reports()], "losses": losses}
+        fsdp_reports = [str(r) for r in mc.reports()]
+        return {"reports": fsdp_reports, "losses": losses, "work_waits": _work_wait_cases(directory)}
     finally:
         dist.destroy_process_group()
 
 
-def test_fsdp2_and_distributed_checkpoint_are_clean(monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> dict:
     from distributed_testing import spawn_ranks
 
-    monkeypatch.delenv("TORCHNEURON_STREAM_SANITIZER", raising=False)
-    monkeypatch.setenv("TORCHNEURON_MEMCHECK", "warn")  # read by each rank's torchneuron at load
-    ranks = spawn_ranks(_fsdp2_under_the_checker, 2, str(tmp_path))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("TORCHNEURON_STREAM_SANITIZER", raising=False)
+        mp.setenv("TORCHNEURON_MEMCHECK", "warn")  # read by each rank's torchneuron at load
+        return spawn_ranks(_ranks_under_the_checker, 2, str(tmp_path_factory.mktemp("ranks")))
+
+
+def test_fsdp2_and_distributed_checkpoint_are_clean(ranks):
     for r in ranks.values():
         assert r["reports"] == [], r["reports"]
         assert len(r["losses"]) > 1
+
+
+@pytest.mark.parametrize("wait", [w for w in WORK_WAITS if w != "none"])
+def test_reuse_ordered_through_a_collectives_wait(ranks, wait):
+    """The same program with and without the wait for the collective: with it,
+    the reuse follows s1's use through the collective (clean); without, a
+    missing record_stream, reported at the reuse."""
+    for r in ranks.values():
+        ordered, extra = r["work_waits"][wait]
+        unordered, extra_unordered = r["work_waits"]["none"]
+        assert extra["same"] and extra_unordered["same"]  # the reuse happened in both
+        assert ordered == [], ordered
+        assert [k for k, _ in unordered] == ["missing record_stream"], unordered
+        msg = unordered[0][1]
+        assert f"task aten::mm on neuron:{extra_unordered['device']} stream {extra_unordered['s1']} " in msg, msg
+        assert "del x" in msg and "z = torch.full" in msg, msg
 
 
 # Test files whose programs run clean under the checker, run again under it

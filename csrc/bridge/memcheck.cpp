@@ -82,8 +82,10 @@ std::set<std::pair<uintptr_t, int>> reported_cross;  // (block id, stream) alrea
 // A stream's clock at a position holds, for every stream of the device, the
 // latest position of that stream ordered before it, directly or through any
 // chain of finished waits (runtime::memcheck::wait_hook):
-//   * an event wait an executor ran in task u of stream W for task q of P:
-//     W's positions after u get P's clock at q, and P's q itself;
+//   * an event wait an executor ran in task u of stream W for task q of P,
+//     or task u of W that P's task q ended once done (a stream's wait for a
+//     collective, runtime::memcheck::follow_hook): W's positions after u get
+//     P's clock at q, and P's q itself;
 //   * a host wait for task q of P: the host's clock gets P's clock at q (and
 //     q, or the host work after q if the stream did some since), and every
 //     stream's positions after its newest queued task get the host's clock
@@ -483,6 +485,17 @@ void wait_hook(int device, int stream, uint64_t seq) {
   }
 }
 
+// Task `waiter_seq` of `waiter` ended once task `seq` of `stream` was done,
+// on the completing thread (ExternalEnd::then): the waiter's later positions
+// follow it, as after an event wait.
+void follow_hook(int device, int waiter, uint64_t waiter_seq, int stream, uint64_t seq) {
+  try {
+    std::lock_guard<std::mutex> lock(table_mu);
+    order_after(device, waiter, after_task(waiter_seq), known_at(device, stream, at_task(seq)));
+  } catch (...) {
+  }
+}
+
 // Inside the SIGSEGV handler (runtime/memcheck.h).
 void on_fault(const runtime::memcheck::Fault& f) {
   // OpenMP workers of a kernel's parallel region run device work for a
@@ -714,6 +727,7 @@ struct Install {
     if (!runtime::memcheck::enabled_at_load()) return;
     runtime::memcheck::set_task_hook(task_hook);
     runtime::memcheck::set_wait_hook(wait_hook);
+    runtime::memcheck::set_follow_hook(follow_hook);
     runtime::memcheck::set_fault_reporter(on_fault);
   }
 } install;

@@ -32,6 +32,7 @@ std::string g_off_reason;
 std::atomic<FaultReporter> g_reporter{nullptr};
 std::atomic<TaskHook> g_task_hook{nullptr};
 std::atomic<WaitHook> g_wait_hook{nullptr};
+std::atomic<FollowHook> g_follow_hook{nullptr};
 struct sigaction g_previous;
 
 thread_local int t_depth = 0;        // open DeviceAccess scopes
@@ -178,6 +179,12 @@ void set_wait_hook(WaitHook hook) { g_wait_hook.store(hook, std::memory_order_re
 
 void wait_hook(int device, int stream, uint64_t seq) {
   if (WaitHook hook = g_wait_hook.load(std::memory_order_acquire)) hook(device, stream, seq);
+}
+
+void set_follow_hook(FollowHook hook) { g_follow_hook.store(hook, std::memory_order_release); }
+
+void follow_hook(int device, int waiter, uint64_t waiter_seq, int stream, uint64_t seq) {
+  if (FollowHook hook = g_follow_hook.load(std::memory_order_acquire)) hook(device, waiter, waiter_seq, stream, seq);
 }
 
 } // namespace torchneuron::runtime::memcheck

@@ -84,4 +84,13 @@ using WaitHook = void (*)(int device, int stream, uint64_t seq);
 void set_wait_hook(WaitHook hook);
 void wait_hook(int device, int stream, uint64_t seq);
 
+// Called when task `seq` of `stream` counts as done and finishes task
+// `waiter_seq` of stream `waiter` that ExternalEnd::then made wait for it (a
+// stream's wait for a collective, ended on gloo's thread): before the waiting
+// task can end, on whichever thread completed the first. The same order as an
+// event wait the waiter's executor would run.
+using FollowHook = void (*)(int device, int waiter, uint64_t waiter_seq, int stream, uint64_t seq);
+void set_follow_hook(FollowHook hook);
+void follow_hook(int device, int waiter, uint64_t waiter_seq, int stream, uint64_t seq);
+
 } // namespace torchneuron::runtime::memcheck

@@ -223,7 +223,7 @@ void ExternalEnd::then(std::shared_ptr<ExternalEnd> next) {
       return;
     }
   }
-  next->finish();
+  finish_follower(*next);
 }
 
 void ExternalEnd::completed() {
@@ -233,7 +233,15 @@ void ExternalEnd::completed() {
     completed_ = true;
     next.swap(next_);
   }
-  for (auto& n : next) n->finish();  // a failure is the device's error already
+  for (auto& n : next) finish_follower(*n);  // a failure is the device's error already
+}
+
+void ExternalEnd::finish_follower(ExternalEnd& next) const {
+  // The memory checker learns the order before the follower can end (its
+  // stream's later tasks run only then). Orders between devices are not followed.
+  if (memcheck::on() && next.stream_ && next.stream_->device_.index() == stream_->device_.index())
+    memcheck::follow_hook(stream_->device_.index(), next.stream_->id_, next.seq_, stream_->id_, seq_);
+  next.finish();
 }
 
 // On the thread that made the task's end the second of the two events.

@@ -66,6 +66,7 @@ class ExternalEnd {
   // Sets kReached; true if that completes the task (finish() came first).
   bool reach();
   void completed();  // the task counts as done: finishes what follows it
+  void finish_follower(ExternalEnd& next) const;  // a task then() made wait for this one
 
   // Set when the task is queued, before the executor can see it.
   Stream* stream_ = nullptr;

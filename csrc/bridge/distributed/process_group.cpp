@@ -332,7 +332,12 @@ class NeuronWork final : public Work {
     translate_errors([&] {
       rt::Stream& caller = current_runtime_stream(comm_.device_index());
       sanitizer::log_order(comm_.device_index(), state_->stream->id(), caller.id(), state_.get());
-      if (isCompleted()) return;
+      if (isCompleted()) {
+        // a wait that is over at once, which tells the memory checker that
+        // what this thread queues from now on follows the collective
+        state_->stream->wait_until(state_->seq);
+        return;
+      }
       if (state_->p2p) {
         caller.enqueue("c10d_wait", [state = state_]() mutable {
           OffDevice off{state};
