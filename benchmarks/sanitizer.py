@@ -1,6 +1,6 @@
 """The sanitizers' cost: the demo's training step (examples/gpt_model.py, the
 end-to-end benchmark's sizes) with and without the stream sanitizer
-(torchneuron/sanitizer.py), alternating repeat by repeat, medians; and with
+(torchneuron/sanitizers/stream.py), alternating repeat by repeat, medians; and with
 and without the device memory checker (TORCHNEURON_MEMCHECK, switched on when
 the library loads), in child processes that alternate, medians of each
 child's median.

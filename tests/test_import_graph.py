@@ -16,9 +16,9 @@ EXTENSIONS = ("torchneuron._C",)  # compiled modules: imported, never importing
 # its own layer or lower ones; circles are refused inside a layer too.
 LAYERS = (
     ("runtime bindings", ("torchneuron._C", "torchneuron._python_tasks", "torchneuron.environment")),
-    ("torch.neuron, the device module", ("torchneuron.device", "torchneuron.amp", "torchneuron.memory",
-                                         "torchneuron.random", "torchneuron.storage_types", "torchneuron.sharing",
-                                         "torchneuron.parallel_comm")),
+    ("torch.neuron, the device module", ("torchneuron.neuron",)),
+    ("neuron tensors through torch.multiprocessing and nn.DataParallel", ("torchneuron.sharing",
+                                                                          "torchneuron.parallel_comm")),
     ("patch ledger and device registration", ("torchneuron._torch_patches", "torchneuron._registration")),
     # the NKI emulator, from its values up to its tools
     ("NKI: errors, dtypes, registers", ("torchneuron.nki.errors", "torchneuron.nki.dtypes", "torchneuron.nki.lnc",
@@ -42,7 +42,8 @@ LAYERS = (
     ("the Trainium twin", ("torchneuron.target",)),
     ("subsystems", ("torchneuron.compile", "torchneuron.distributed", "torchneuron.varlen")),
     ("integrations", ("torchneuron.huggingface", "torchneuron.lightning")),
-    ("tools", ("torchneuron.sanitizer", "torchneuron.memcheck", "torchneuron.explorer", "torchneuron.lockin")),
+    ("tools", ("torchneuron.sanitizers", "torchneuron.explorer", "torchneuron.lockin")),
+    ("the sanitizers' documented names", ("torchneuron.sanitizer", "torchneuron.memcheck")),
     ("the package: import torchneuron", ("torchneuron",)),
 )
 
@@ -186,6 +187,6 @@ def test_the_graph_sees_circles_and_deferred_imports():
     importing each other are a circle."""
     edges, deferred = _graph()
     assert "torchneuron.nki.machine" in edges["torchneuron.nki.tensor"]
-    assert "torchneuron._C" in edges["torchneuron.device"]
+    assert "torchneuron._C" in edges["torchneuron.neuron"]
     assert any(m == "torchneuron.compile.registration" for m, _, _ in deferred)
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

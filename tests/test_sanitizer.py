@@ -1,4 +1,4 @@
-"""The stream sanitizer (torchneuron/sanitizer.py, docs/sanitizers.md): seeded
+"""The stream sanitizer (torchneuron/sanitizers/stream.py, docs/sanitizers.md): seeded
 races are each reported with the right accesses, and correct multi-stream
 programs (events, wait_stream, synchronisations) and the demo model's
 training step run without a report."""

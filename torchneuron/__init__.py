@@ -58,12 +58,12 @@ __all__ = ["get_executed_ops", "get_fallback_ops", "get_fused_ops", "clear_op_tr
 import os as _os  # noqa: E402
 
 if _os.environ.get("TORCHNEURON_STREAM_SANITIZER"):  # the stream sanitizer for the whole program
-    from . import sanitizer as _sanitizer
+    from .sanitizers import stream as _sanitizer
 
     _sanitizer._enable_from_environment()
 
 if _os.environ.get("TORCHNEURON_MEMCHECK"):  # the device memory checker (docs/sanitizers.md)
-    from . import memcheck as _memcheck
+    from .sanitizers import memcheck as _memcheck
 
     _memcheck._enable_from_environment()
 

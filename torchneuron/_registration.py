@@ -7,9 +7,10 @@ import time
 
 import torch
 
-from . import _C, memory, random
-from . import device as device_module
-from .storage_types import storage_classes
+from . import _C
+from . import neuron as device_module
+from .neuron import memory, random  # noqa: F401  (imported, they are torch.neuron.memory and .random)
+from .neuron.storage_types import storage_classes
 
 
 def _exit_timeout() -> float:
@@ -141,9 +142,8 @@ def register():
     # device's typed storage classes on its device module.
     for name, cls in storage_classes().items():
         setattr(device_module, name, cls)
-    # torch.neuron.memory and torch.neuron.random, as torch.cuda's, and the memory functions
-    # torch.cuda also has at its top level: modules built on device.py, so attached here.
-    device_module.memory, device_module.random = memory, random
+    # The memory functions torch.cuda also has at its top level: memory.py is built on the
+    # device module's functions, so they are attached here, not imported by it.
     for name in memory.ON_DEVICE_MODULE:
         setattr(device_module, name, getattr(memory, name))
     torch._register_device_module("neuron", device_module)

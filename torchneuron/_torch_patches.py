@@ -65,7 +65,7 @@ extension points, next to the thing it registers.
 * Inductor: ``register_backend_for_device`` (with the device's code-generation
   config, compile/codegen_config.py) and ``register_device_op_overrides``
   (compile/inductor_device.py), run when Inductor first asks the device module
-  for its code generators (``torch.neuron.Scheduling``, device.py);
+  for its code generators (``torch.neuron.Scheduling``, neuron/__init__.py);
   ``torch._functorch.config.patch``, a scoped config change (compile/backend.py);
 * custom operators: ``torch.library.register_kernel`` for ``torch.nn.attention.varlen``'s
   operators on neuron (varlen.py).

@@ -125,7 +125,7 @@ def _fresh_accelerate_state():
 # ---------------------------------------------------------------- torch_neuronx
 def test_torch_neuronx_is_this_project_and_registers_the_device():
     assert os.path.dirname(os.path.abspath(torch_neuronx.__file__)) == os.path.join(ROOT, "torch_neuronx")
-    assert torch.neuron is torchneuron.device
+    assert torch.neuron is torchneuron.neuron
     assert isinstance(torch_neuronx.__version__, str) and torch_neuronx.__version__
     # With autoload off, the libraries see no device until torch_neuronx is
     # imported; importing it (nothing else) registers neuron.

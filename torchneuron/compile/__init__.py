@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from .. import device as _torch_neuron
+from .. import neuron as _torch_neuron
 from . import metrics, replay  # replay: mode="reduce-overhead" (imports no Inductor)
 from .backend import MODES, NeuronCompileError, neuron_backend
 from .registration import inductor_codegen, register, register_dynamo

@@ -9,7 +9,7 @@ import torch
 from torch._dynamo.device_interface import DeviceInterface, caching_worker_current_devices, \
     caching_worker_device_properties
 
-from .. import device as torch_neuron
+from .. import neuron as torch_neuron
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ _local = threading.local()  # .recorder: a replay.Recorder while a graph is bein
 #: (a Python task calling the kernel's binding, with the GIL)
 stats: collections.Counter = collections.Counter()
 #: called as observer(kernel, name, args) before each launch while the stream
-#: sanitizer runs (torchneuron/sanitizer.py), else None
+#: sanitizer runs (torchneuron/sanitizers/stream.py), else None
 observer = None
 
 

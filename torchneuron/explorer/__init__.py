@@ -12,8 +12,9 @@ import os
 import tempfile
 
 from .. import target
-from .analysis import analyze, find_traces, load_trace, resolve_trace
+from .analysis import analyze
 from .render import render_html
+from .trace_files import find_traces, load_trace, resolve_trace
 
 __all__ = ["analyze", "find_traces", "load_trace", "render_html", "report"]
 

@@ -1,9 +1,9 @@
 """``torch.neuron.random``: the generator functions under ``torch.cuda.random``'s
 names (transformers' Trainer restores a device's state through
 ``<device module>.random.set_rng_state[_all]``). They are the functions of
-``torch.neuron`` itself (device.py), so either spelling acts on the same
+``torch.neuron`` itself (__init__.py), so either spelling acts on the same
 per-device generators."""
-from .device import (  # noqa: F401
+from . import (  # noqa: F401
     get_rng_state,
     get_rng_state_all,
     initial_seed,

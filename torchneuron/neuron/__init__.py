@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from . import _C, environment
+from .. import _C, environment
 from . import amp  # noqa: F401  (torch.neuron.amp, as torch.cuda's)
 
 _initialized = False

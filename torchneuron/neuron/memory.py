@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from . import _C
-from .device import _index, memory_stats
+from .. import _C
+from . import _index, memory_stats
 
-# also torch.neuron.<name> (device.py's module), as torch.cuda has them at its top level
+# also torch.neuron.<name> (this package's __init__.py), as torch.cuda has them at its top level
 ON_DEVICE_MODULE = ("_dump_snapshot", "_record_memory_history", "_snapshot", "host_memory_stats",
                     "host_memory_stats_as_nested_dict", "memory_snapshot", "memory_summary",
                     "reset_accumulated_host_memory_stats", "reset_peak_host_memory_stats")
