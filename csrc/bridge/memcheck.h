@@ -13,7 +13,7 @@
 //     owner's first use (a missing record_stream), following orders between
 //     streams through any chain of waits;
 //   * describes host faults (runtime/memcheck.h) by the block they hit.
-// Reports are queued for Python (torchneuron/memcheck.py), which raises them.
+// Reports are queued for Python (torchneuron/sanitizers/memcheck.py), which raises them.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,4 +1,4 @@
-// What the stream sanitizer (torchneuron/sanitizer.py) cannot see from a
+// What the stream sanitizer (torchneuron/sanitizers/stream.py) cannot see from a
 // dispatch mode: synchronisations through the device guard and the device
 // module (event record, wait, synchronize and destroy; stream and device
 // synchronize), frees of device memory, and the stream a collective of the

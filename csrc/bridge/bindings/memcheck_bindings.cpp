@@ -1,4 +1,4 @@
-// torchneuron._C's part of the device memory checker (torchneuron/memcheck.py,
+// torchneuron._C's part of the device memory checker (torchneuron/sanitizers/memcheck.py,
 // ../memcheck.h): its reports with their stacks, and the pending call that
 // hands them to Python's main thread.
 #include <torch/csrc/profiler/combined_traceback.h>

@@ -1,4 +1,4 @@
-// torchneuron._C's part of the stream sanitizer (torchneuron/sanitizer.py):
+// torchneuron._C's part of the stream sanitizer (torchneuron/sanitizers/stream.py):
 // its log of synchronisations and frees (../sanitizer.h), the current stream,
 // and where tensors lie in device memory.
 #include <ATen/NestedTensorImpl.h>
