@@ -54,6 +54,7 @@ import torch  # noqa: E402
 from torchneuron.nki.machine import MACHINES  # noqa: E402
 from torchneuron.target import figures  # noqa: E402
 from torchneuron.target.estimate import Estimate, estimate_layers  # noqa: E402
+from torchneuron.target.roofline import ring_seconds  # noqa: E402
 
 # -- sources -------------------------------------------------------------------------------
 # The aws-neuron-sdk repository (the source of AWS's Neuron documentation site) at the
@@ -291,8 +292,6 @@ def add_collectives(rows: list) -> float:
     A token-generation row itself gets the median of the other rows' gaps."""
     import statistics
 
-    from torchneuron.target.roofline import collective_seconds
-
     decode = [(f, r) for f, r in rows if r is not None and f.collectives and "TPOT" in f.name]
     gaps = {f.name: per_collective_gap(f, r) for f, r in decode}
     for f, r in rows:
@@ -302,8 +301,7 @@ def add_collectives(rows: list) -> float:
         latency = statistics.median(others) if others else 0.0
         count, nbytes, ranks = f.collectives
         core = core_for(f.chip)
-        traffic = collective_seconds(2, nbytes, ranks, core) - core.collective_latency_s \
-            if f.chip in figures.LINK_BYTES_PER_S else 0.0
+        traffic = ring_seconds(2, nbytes, ranks, core) if f.chip in figures.LINK_BYTES_PER_S else 0.0
         if f.name in gaps:
             r["gap_s"] = gaps[f.name]
         r["collective_s"] = count * (latency + traffic)
@@ -397,11 +395,6 @@ def write(rows: list, path: str, elapsed: float, latency_s: float) -> None:
         f.write("\n".join(lines))
 
 
-def ring_allreduce_s(nbytes: int, ranks: int, core) -> float:
-    """A ring all-reduce's time by bandwidth alone: each rank sends 2 (n - 1) / n of the bytes."""
-    return 2 * (ranks - 1) / ranks * nbytes / core.link_bytes_per_s
-
-
 def reading(rows: list, latency_s: float) -> list:
     """The paragraphs under the table: what the errors say, with this run's numbers."""
     done = [(f, r) for f, r in rows if r is not None]
@@ -427,7 +420,7 @@ def reading(rows: list, latency_s: float) -> list:
             "HBM bandwidth. Without tensor parallelism's all-reduces (two per layer) it is "
             f"{min(one_rank):.1f} to {max(one_rank):.1f} times too fast, and their traffic cannot close the "
             "gap: one token's hidden state is a few kilobytes (Llama-70B, TP=64: "
-            f"{ring_allreduce_s(8192 * 2, 64, core_for('trn2')) * 1e6:.2f} us at NeuronLink's bandwidth). "
+            f"{ring_seconds(2, 8192 * 2, 64, core_for('trn2')) * 1e6:.2f} us at NeuronLink's bandwidth). "
             f"Spread over those collectives, measured minus modelled is {gaps}: one size across two chips, "
             "TP from 8 to 64 and batch 1 or 4, while the memory time ranges over "
             f"{min(r['compiled_s'] for _, r in decode) * 1e3:.1f} to "

@@ -6,8 +6,9 @@ and deterministic algorithms turn it off (TorchNeuron's eager-mode guide). AWS
 does not publish which runs it fuses, so the twin assumes the plainest one: an
 element-wise or reduction operator (Vector and Scalar engine work only) that
 reads the result of the operator just before it, itself element-wise, joins
-that operator's launch, up to ``figures.FUSED_OPS_MAX`` operators per launch. A joined operator has no launch cost of its own, and
-its read of the previous result stays on chip (its HBM traffic is the rest).
+that operator's launch, up to ``figures.FUSED_OPS_MAX`` operators per launch. A
+joined operator has no launch cost of its own, and its read of the previous
+result stays on chip (its HBM traffic is the rest).
 Anything else (a matmul, a gather, a copy, a collective, a compiled graph or
 a kernel) ends the run.
 """
@@ -19,7 +20,7 @@ from dataclasses import replace
 import torch
 
 from .figures import FUSED_OPS_MAX, LogicalCore
-from .roofline import OpCost, _identity, target_itemsize
+from .roofline import OpCost, storage_identity, target_itemsize
 
 _ELEMENTWISE_ENGINES = frozenset({"vector", "scalar", "hbm"})
 _local = threading.local()
@@ -44,8 +45,8 @@ def join(cost: OpCost, inputs, results, core: LogicalCore) -> tuple[OpCost, bool
         return cost, False
     result = results[0]
     members = tail[2] + 1 if tail is not None and tail[2] < FUSED_OPS_MAX and any(
-        isinstance(t, torch.Tensor) and _identity(t) == tail[0] for t in inputs) else 1
-    _local.tail = (_identity(result), result.numel() * target_itemsize(result.dtype), members)
+        isinstance(t, torch.Tensor) and storage_identity(t) == tail[0] for t in inputs) else 1
+    _local.tail = (storage_identity(result), result.numel() * target_itemsize(result.dtype), members)
     if members == 1:
         return cost, False
     nbytes = tail[1]

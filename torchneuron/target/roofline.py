@@ -136,7 +136,7 @@ def _tensors(tree):
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
-def _identity(t: torch.Tensor):
+def storage_identity(t: torch.Tensor):
     # The same memory read twice (an in-place operator's argument and result) moves once.
     try:
         return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
@@ -156,13 +156,18 @@ def _world_size(args) -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def ring_seconds(ring_factor: float, nbytes: int, ranks: int, core: LogicalCore) -> float:
+    """A collective's traffic over NeuronLink: each rank sends ``ring_factor`` (n - 1) / n
+    of ``nbytes`` at its share of the links (the whole once for a broadcast)."""
+    factor = ring_factor * (ranks - 1) / ranks if ring_factor else 1.0
+    return factor * nbytes / core.link_bytes_per_s
+
+
 def collective_seconds(ring_factor: float, nbytes: int, ranks: int, core: LogicalCore) -> float:
-    """One collective over NeuronLink: its latency, and each rank sending ``ring_factor``
-    (n - 1) / n of ``nbytes`` at its share of the links (the whole once for a broadcast)."""
+    """One collective: its latency and its traffic (``ring_seconds``); nothing on one rank."""
     if ranks <= 1:
         return 0.0
-    factor = ring_factor * (ranks - 1) / ranks if ring_factor else 1.0
-    return core.collective_latency_s + factor * nbytes / core.link_bytes_per_s
+    return core.collective_latency_s + ring_seconds(ring_factor, nbytes, ranks, core)
 
 
 def collective_cost(name: str, args, tensors, core: LogicalCore) -> OpCost:
@@ -193,7 +198,7 @@ def op_cost(func, args, kwargs, out, core: LogicalCore, *, launch: bool = True) 
     else:
         seen, nbytes = set(), 0
         for t in ins + outs:
-            key = _identity(t)
+            key = storage_identity(t)
             if key not in seen:
                 seen.add(key)
                 nbytes += t.numel() * target_itemsize(t.dtype)

@@ -153,6 +153,9 @@ class Twin(TorchDispatchMode):
         self.profile_end: Ledger | None = None
         self.timeline: list = []  # the profiled run's launches: (name, start, seconds, bound, engine)
         self._entry_s = 0.0  # thread CPU time the mode adds to an operator before its handler runs
+        self._calibrating = False  # while measure_entry_cost runs: operators pass through
+        self.enabled = True  # False after release_threads: threads that hold the mode pass through
+        self._previous_profile = None  # the thread-start hook adopt_new_threads replaced
 
     # -- threads
     def adopt_new_threads(self) -> None:
@@ -176,9 +179,6 @@ class Twin(TorchDispatchMode):
         self.enabled = False
         threading.setprofile(self._previous_profile)
 
-    enabled = True
-    _previous_profile = None
-
     def measure_entry_cost(self, calls: int = 300) -> None:
         """Measures the mode's own cost per operator (with the mode pushed), so that the
         host's work between operators leaves it out."""
@@ -199,20 +199,22 @@ class Twin(TorchDispatchMode):
             self._calibrating = False
         self._entry_s = max(0.0, with_mode - without)
 
-    _calibrating = False
-
     def _host_worked(self, now: float) -> None:
         """Charges the host's work on this thread since its previous device operator."""
         mark = getattr(_local, "host_mark", None)
         if mark is not None:
             self.ledger.host(max(0.0, now - mark - self._entry_s))
 
-    def settle(self) -> None:
-        """The end of a window of the account: the host's work up to now is charged, and
-        the window lasts until the host and the device are both done."""
+    def _host_until_now(self) -> None:
+        """Charges this thread's host work up to now, and counts on from here."""
         now = time.thread_time()
         self._host_worked(now)
         _local.host_mark = now
+
+    def settle(self) -> None:
+        """The end of a window of the account: the host's work up to now is charged, and
+        the window lasts until the host and the device are both done."""
+        self._host_until_now()
         self.ledger.settle()
 
     def restart_host(self) -> None:
@@ -361,7 +363,7 @@ class Twin(TorchDispatchMode):
     def launching(self):
         """A launch the dispatch hook does not see (a compiled graph, an NKI kernel): the
         host's work up to it is charged, and its own time here is not the host's."""
-        self._host_worked(time.thread_time())
+        self._host_until_now()
         eager_fusion.end_run()
         try:
             yield
