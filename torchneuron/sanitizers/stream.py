@@ -20,7 +20,7 @@ schema reading of which arguments an operator reads and writes
   stream's pool while another stream still uses it (a missing
   ``record_stream``) is reported at its new owner's first access;
 * synchronisations the dispatcher never sees come from the C++ side
-  (csrc/bridge/sanitizer.h: the device guard's event record, wait and
+  (csrc/bridge/sanitizers/stream_sanitizer.h: the device guard's event record, wait and
   synchronize, stream and device synchronize, and the allocator's frees),
   and so does work that does not go through the dispatcher: compiled
   graphs' kernels (torchneuron/compile/launch.py calls :func:`_on_kernel`).
@@ -63,7 +63,7 @@ __all__ = ["StreamRaceError", "StreamRaceWarning", "StreamSanitizer", "stream_sa
 _aten = torch.ops.aten
 _gather = torch._C._profiler.gather_traceback
 
-# What the C++ log's kinds are (csrc/bridge/sanitizer.h: sanitizer::Kind).
+# What the C++ log's kinds are (csrc/bridge/sanitizers/stream_sanitizer.h: sanitizer::Kind).
 (_EVENT_RECORD, _EVENT_WAIT, _EVENT_SYNC, _EVENT_DESTROY, _STREAM_SYNC, _DEVICE_SYNC, _FREE, _COLLECTIVE) = range(8)
 
 # Operators that only make storage, without running device work: their

@@ -1,5 +1,5 @@
 // The executor's entry point: every ATen operator on `neuron` that has no
-// explicit kernel (../ops/kernels.h) runs through `execute` (executor.cpp
+// explicit kernel (../ops/explicit_ops.h) runs through `execute` (executor.cpp
 // says how), registered as the PrivateUse1 boxed fallback.
 #pragma once
 

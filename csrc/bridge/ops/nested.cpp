@@ -15,8 +15,8 @@
 
 #include "../device_state.h"
 #include "../exec/host_views.h"
-#include "../memcheck.h"
-#include "kernels.h"
+#include "../sanitizers/memcheck.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 namespace {

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "../exec/executor.h"
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 

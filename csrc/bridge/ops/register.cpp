@@ -1,11 +1,11 @@
-// Registration glue for `neuron` operators: explicit kernels (kernels.h) and
+// Registration glue for `neuron` operators: explicit kernels (explicit_ops.h) and
 // the executor (../exec/executor.h), PyTorch's boxed fallback for the key,
 // which runs every other ATen operator on the device.
 #include <torch/library.h>
 
 #include "../exec/executor.h"
-#include "../memcheck.h"
-#include "kernels.h"
+#include "../sanitizers/memcheck.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 namespace {
