@@ -11,9 +11,10 @@
 //   synchronous   operators whose output sizes depend on the data (nonzero,
 //                 unique, equal, ...): the host waits for the stream and runs
 //                 the kernel in place, as on every accelerator
-//   fallback      an operator the meta pass cannot predict runs the same
-//                 synchronous way; it is counted and warned about
-//                 (../sanitizers/op_tracking.h), or refused under TORCHNEURON_STRICT_FALLBACK
+//   synchronous   an operator the meta pass cannot predict runs the same
+//   fallback      synchronous way; it is counted and warned about
+//                 (../sanitizers/op_tracking.h), or refused under
+//                 TORCHNEURON_STRICT_FALLBACK
 //
 // Operators with several tensor results are verified: some meta kernels
 // describe auxiliary results differently from the CPU kernel (batch norm's
