@@ -151,6 +151,9 @@ py::dict memory_snapshot() {
 
 } // namespace
 
+// Over 80 lines because it is a list: one binding or a few lines each, in the
+// module's order; bindings with helpers or state of their own live in the
+// files bindings.h declares.
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchneuron native bridge";
   ops::prefer_cpu_kernels();  // after the static registrations of the explicit kernels
