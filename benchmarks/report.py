@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import distributed, flex_attention, lockin, profiler, sanitizer, soak
+from . import distributed, flex_attention, lockin, profiler, sanitizer, soak, torchtitan_step
 from .common import fmt_bytes, fmt_time
 from .large_ops import CHAINS
 from .tiny_ops import STEPS_OF_TWO
@@ -362,6 +362,8 @@ def markdown(res: dict, plot_files: list[str]) -> str:
         s.append(soak.markdown(res["soak"]))
     if "flex_attention" in res:
         s.append(flex_attention.markdown(res["flex_attention"]))
+    if "torchtitan" in res:
+        s.append(torchtitan_step.markdown(res["torchtitan"]))
     if not smoke and os.path.exists(ANALYSIS):
         with open(ANALYSIS) as f:
             s.append("\n" + f.read())

@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/run.py --smoke          # seconds, tiny sizes
     .venv/bin/python benchmarks/run.py --only tiny_ops  # one group (limits always run)
     .venv/bin/python benchmarks/run.py --only nki_kernels --merge  # rerun one group into the results
+    .venv/bin/python benchmarks/run.py --only torchtitan --merge   # a group run only on request
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ import torchneuron  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks import (compiled, distributed, end_to_end, flex_attention, huggingface, large_ops,  # noqa: E402
-                        limits, lockin, memory, nki_kernels, profile_host, profiler, report, sanitizer, soak, tiny_ops)
+                        limits, lockin, memory, nki_kernels, profile_host, profiler, report, sanitizer, soak, tiny_ops,
+                        torchtitan_step)
 from benchmarks.common import Config, machine  # noqa: E402
 
 GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end,
           "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "compiled": compiled,
           "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed,
-          "sanitizer": sanitizer, "soak": soak, "flex_attention": flex_attention}
+          "sanitizer": sanitizer, "soak": soak, "flex_attention": flex_attention, "torchtitan": torchtitan_step}
+
+#: groups run only when named with --only: a minute or more even at smoke size
+ON_REQUEST = ("torchtitan",)
 
 #: groups run again in a child process with ATEN_CPU_CAPABILITY=avx2 when this
 #: host's own level is AVX-512 (their rows on the AVX2 path; large_ops does its own)
@@ -56,7 +61,7 @@ def main(argv=None) -> dict:
             results = json.load(f)
         return write_report(results, args.out)
     cfg = Config(smoke=args.smoke)
-    selected = args.only or list(GROUPS)
+    selected = args.only or [g for g in GROUPS if g not in ON_REQUEST]
     os.makedirs(args.out, exist_ok=True)
 
     torch.empty(1, device="neuron")  # initialise the device outside the timings

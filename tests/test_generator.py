@@ -88,3 +88,34 @@ def test_random_range_checks_and_warnings_come_at_every_call_as_on_the_cpu(dtype
         assert _random_outcome("neuron", dtype, args) == want
     torch.neuron.synchronize()
     assert torch.neuron.device_errors()["total"] == 0  # nothing deferred
+
+
+# Random calls on CPU tensors, each valid with a CPU generator.
+CPU_DRAWS = {
+    "randn": lambda g: torch.randn(3, generator=g),
+    "randint": lambda g: torch.randint(0, 5, (3,), generator=g),
+    "randperm": lambda g: torch.randperm(5, generator=g),
+    "normal_": lambda g: torch.empty(3).normal_(generator=g),
+    "random_": lambda g: torch.empty(3).random_(0, 5, generator=g),  # an explicit kernel, not the fallback
+    "normal": lambda g: torch.normal(torch.zeros(3), 1.0, generator=g),
+    "bernoulli": lambda g: torch.bernoulli(torch.full((3,), 0.5), generator=g),
+    "multinomial": lambda g: torch.multinomial(torch.ones(3), 2, generator=g),
+}
+
+
+@pytest.mark.parametrize("draw", CPU_DRAWS.values(), ids=CPU_DRAWS)
+def test_a_neuron_generator_for_cpu_tensors_is_refused_as_a_cuda_one_is(draw):
+    """A generator's dispatch key joins the call's, so a `neuron` generator takes a CPU call to the
+    device, as a CUDA generator takes it to CUDA; there the CPU kernel runs and refuses the
+    generator, naming it in its own words (diffusers' randn_tensor meets this: docs/ecosystem.md)."""
+    draw(torch.Generator("cpu").manual_seed(0))
+    refusal = "^Expected a 'cpu' (device type for generator|generator device) but found 'neuron"
+    with pytest.raises(RuntimeError, match=refusal):
+        draw(torch.Generator("neuron").manual_seed(0))
+
+
+def test_a_cpu_generator_for_neuron_tensors_is_refused_naming_it():
+    with pytest.raises(RuntimeError, match="^Expected a 'neuron' device type for generator but found 'cpu'"):
+        torch.randn(3, generator=torch.Generator("cpu"), device="neuron")
+    with pytest.raises(RuntimeError, match="^Expected a 'neuron' device type for generator but found 'cpu'"):
+        torch.empty(3, device="neuron").normal_(generator=torch.Generator("cpu"))

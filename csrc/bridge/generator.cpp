@@ -94,8 +94,9 @@ const at::Generator& default_generator(c10::DeviceIndex device) {
 
 at::Generator claim_engine(const std::optional<at::Generator>& gen, c10::DeviceIndex device) {
   const at::Generator& g = gen && gen->defined() ? *gen : default_generator(device);
-  TORCH_CHECK(g.device().type() == kNeuron, "expected a neuron generator for a neuron tensor, got a ",
-              g.device().type(), " generator");
+  // PyTorch's wording for a generator of another device (check_generator)
+  TORCH_CHECK(g.device().type() == kNeuron, "Expected a 'neuron' device type for generator but found '",
+              g.device().type(), "'");
   return g.get<NeuronGeneratorImpl>()->claim_engine();
 }
 

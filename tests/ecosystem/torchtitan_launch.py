@@ -19,6 +19,7 @@ done, on `neuron`.
 With TORCHTITAN_EAGER_FLEX=1 (a test setting) FlexAttention runs uncompiled on `neuron` too, so
 that the rest of TorchTitan's step can be compared with the CPU reference bit for bit.
 """
+import contextlib
 import os
 import runpy
 import sys
@@ -28,8 +29,8 @@ import torch
 import torch.distributed
 from torch.distributed import distributed_c10d
 
-if not hasattr(torch.distributed, "set_timeout"):
-    torch.distributed.set_timeout = distributed_c10d._set_pg_timeout
+# What the reference changes for the life of its process.
+_FOR_THE_PROCESS = contextlib.ExitStack()
 
 
 def cpu_device_module():
@@ -44,8 +45,6 @@ def cpu_device_module():
 
 
 def point_torchtitan_at_the_cpu():
-    import torch.nn.attention.flex_attention as flex
-
     import torchtitan.components.metrics
     import torchtitan.distributed.parallel_dims
     import torchtitan.distributed.utils
@@ -59,13 +58,7 @@ def point_torchtitan_at_the_cpu():
             m.device_type = "cpu"
         if hasattr(m, "device_module"):
             m.device_module = module
-    checks = flex._validate_device
-
-    def validate_without_the_cpu_backward_refusal(query, key, value):
-        if query.device.type != "cpu":
-            checks(query, key, value)
-
-    flex._validate_device = validate_without_the_cpu_backward_refusal
+    _FOR_THE_PROCESS.enter_context(cpu_flex_backward_allowed())
     run_flex_attention_eagerly()
 
     # TorchTitan turns FSDP2's gradient division off (a factor of 1.0: it scales by the global token
@@ -82,6 +75,26 @@ def point_torchtitan_at_the_cpu():
     FSDPModule.set_gradient_divide_factor = set_factor_and_sum_in_the_collectives
 
 
+@contextlib.contextmanager
+def cpu_flex_backward_allowed():
+    """PyTorch refuses FlexAttention on CPU tensors that need gradients, by device type alone; the
+    eager math (what `neuron` runs eagerly) is device-agnostic. Other devices keep the checks.
+    Used by the CPU reference here and by benchmarks/torchtitan_step.py."""
+    import torch.nn.attention.flex_attention as flex
+
+    checks = flex._validate_device
+
+    def validate_without_the_cpu_backward_refusal(query, key, value):
+        if query.device.type != "cpu":
+            checks(query, key, value)
+
+    flex._validate_device = validate_without_the_cpu_backward_refusal
+    try:
+        yield
+    finally:
+        flex._validate_device = checks
+
+
 def run_flex_attention_eagerly():
     """TorchTitan compiles flex_attention once, as a class attribute; this runs it uncompiled."""
     import torch.nn.attention.flex_attention as flex
@@ -92,6 +105,8 @@ def run_flex_attention_eagerly():
 
 
 if __name__ == "__main__":
+    if not hasattr(torch.distributed, "set_timeout"):
+        torch.distributed.set_timeout = distributed_c10d._set_pg_timeout
     if os.environ.get("TORCHTITAN_REFERENCE_ON_CPU") == "1":
         point_torchtitan_at_the_cpu()
     elif os.environ.get("TORCHTITAN_EAGER_FLEX") == "1":

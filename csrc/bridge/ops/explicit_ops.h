@@ -42,6 +42,9 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
 // random_.from and random_.to (boxed): the CPU kernel's range checks and
 // warnings at every call, on the host, then the executor
 void random_range_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+// The PrivateUse1 fallback: `execute`, but a call that reaches `neuron` only
+// through its generator runs the CPU kernel, as with a CUDA generator.
+void execute_unless_only_the_generator_is_on_the_device(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // non_strided.cpp: the boxed kernel of the sparse neuron keys, a clear refusal.
 void refuse_sparse(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 

@@ -1,14 +1,17 @@
 // Random operators whose CPU kernels would draw from the CPU's generator (they
 // take no Generator argument), written in terms of operators that do, so they
-// draw from the device generator instead; and random_(from, to), whose CPU
-// kernel checks its range at every call.
+// draw from the device generator instead; random_(from, to), whose CPU
+// kernel checks its range at every call; and calls that reach the device only
+// through a `neuron` generator, which run as CUDA runs them.
 #include <ATen/ATen.h>
 #include <ATen/native/DistributionTemplates.h>
 #include <c10/util/Exception.h>
 
 #include <limits>
 
+#include "../device_state.h"
 #include "../exec/executor.h"
+#include "../exec/host_views.h"
 #include "explicit_ops.h"
 
 namespace torchneuron::ops {
@@ -75,7 +78,33 @@ struct DropWarnings final : c10::WarningHandler {
   void process(const c10::Warning&) override {}
 };
 
+// Whether a call came to `neuron` by its generator alone: a `neuron` generator
+// among its arguments (a generator's dispatch key joins the call's, as a CUDA
+// generator's does), and no `neuron` tensor or device.
+bool only_the_generator_is_on_the_device(c10::ArrayRef<c10::IValue> args) {
+  bool neuron_generator = false;
+  for (const auto& a : args)
+    if (a.isGenerator() && a.toGenerator().defined() && a.toGenerator().device().type() == kNeuron)
+      neuron_generator = true;
+  if (!neuron_generator) return false;
+  bool on_device = false;
+  for (const auto& a : args) {
+    if (a.isDevice() && a.toDevice().type() == kNeuron) on_device = true;
+    for_each_tensor(a, [&](const at::Tensor& t) { on_device |= t.defined() && t.device().type() == kNeuron; });
+  }
+  return !on_device;
+}
+
 } // namespace
+
+void execute_unless_only_the_generator_is_on_the_device(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  // torch.randn(n, generator=<a CUDA generator>) runs the CPU kernel, which
+  // refuses the generator ("Expected a 'cpu' device type for generator but
+  // found 'cuda'"); a `neuron` generator gets the same kernel and refusal.
+  if (only_the_generator_is_on_the_device(torch::jit::last(*stack, op.schema().arguments().size())))
+    return op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  execute(op, stack);
+}
 
 void random_range_checked(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // random_.from (self, from, to, generator) and random_.to (self, to, generator)
@@ -88,7 +117,7 @@ void random_range_checked(const c10::OperatorHandle& op, torch::jit::Stack* stac
   // kernel's own checks repeat them wherever it runs.
   static DropWarnings drop;
   c10::WarningUtils::WarningHandlerGuard quiet(&drop);
-  execute(op, stack);
+  execute_unless_only_the_generator_is_on_the_device(op, stack);
 }
 
 } // namespace torchneuron::ops

@@ -79,7 +79,7 @@ TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) { register_recurrent(m); }
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { register_recurrent(m); }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&execute>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&execute_unless_only_the_generator_is_on_the_device>());
 }
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&refuse_sparse>());
