@@ -1,5 +1,5 @@
 """Python callables as device tasks on the current stream (see
-csrc/bridge/compiled/python_tasks.cpp). Used by NKI kernels and compiled kernels."""
+csrc/bridge/python_tasks/python_tasks.cpp). Used by NKI kernels and compiled kernels."""
 from __future__ import annotations
 
 import itertools

@@ -19,8 +19,8 @@
 #include <unordered_map>
 
 #include "device_state.h"
-#include "memcheck.h"
-#include "sanitizer.h"
+#include "sanitizers/memcheck.h"
+#include "sanitizers/stream_sanitizer.h"
 
 namespace torchneuron {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "allocator.h"
 #include "device_state.h"
-#include "sanitizer.h"
+#include "sanitizers/stream_sanitizer.h"
 
 namespace torchneuron {
 namespace {

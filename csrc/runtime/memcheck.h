@@ -1,7 +1,7 @@
 // The device memory checker's runtime half (TORCHNEURON_MEMCHECK=1): host
 // access protection of device memory with a memory protection key, the
 // fault handler that turns a host access into a report, and the hooks around
-// every task through which the bridge checks blocks (bridge/memcheck.h).
+// every task through which the bridge checks blocks (bridge/sanitizers/memcheck.h).
 //
 // Device segments carry one protection key whose access is disabled on every
 // thread (x86 PKRU is per thread). Executor threads are the device and keep

@@ -10,7 +10,7 @@ kernel(...)`` in a shared object of its cache. Its arguments are pointers
 (tensors on ``neuron``; 0-dim CPU tensors, host scalars such as the Python
 floats Dynamo passes as tensors), ``int64_t`` and ``float``. The task calls
 that C entry point directly (``torchneuron._C._launch_cpp_kernel``,
-csrc/bridge/compiled/python_tasks.cpp) with the tensors' data pointers
+csrc/bridge/python_tasks/python_tasks.cpp) with the tensors' data pointers
 (host-addressable device memory) and a pointer to a copy of each host
 scalar's value taken here: no Python and no GIL on the executor thread. Only
 a kernel the C call path cannot take (more than 8 float or 1024 other
@@ -34,7 +34,7 @@ from .. import _C
 from .._python_tasks import launch as python_task
 
 _entry_points: dict = {}   # Python binding -> address of its C entry point (or 0)
-_local = threading.local()  # .recorder: a replay.Recorder while a graph is being recorded
+_local = threading.local()  # .recorder: a replay.DeviceWorkRecorder while a graph is being recorded
 #: kernel tasks queued: "entry_point" (called from C++, no GIL), "binding"
 #: (a Python task calling the kernel's binding, with the GIL)
 stats: collections.Counter = collections.Counter()
@@ -58,7 +58,7 @@ def entry_point(kernel) -> int:
 
 
 #: the most pointer/integer and float arguments the C call path takes
-#: (csrc/bridge/compiled/python_tasks.cpp: every float must fit in a register)
+#: (csrc/bridge/python_tasks/python_tasks.cpp: every float must fit in a register)
 MAX_INT_ARGS, MAX_FLOAT_ARGS = _C._max_kernel_ints, _C._max_kernel_floats
 
 

@@ -13,7 +13,7 @@ step are two graphs) is wrapped in a :class:`ReplayGraph`:
    argument is written down as *where its memory lives*: a graph input, a
    buffer the graph allocated, or a tensor from outside (constants);
 3. replay: later calls queue one task ``compiled::replay<N>`` that runs the
-   recorded steps in C++ (csrc/bridge/compiled/compiled_replay.cpp): kernels through
+   recorded steps in C++ (csrc/bridge/python_tasks/compiled_replay.cpp): kernels through
    their C entry points, ATen operators as boxed calls whose argument stacks
    were built at recording, on CPU aliases of device memory. No Python and
    no GIL on the executor thread (except for the rare kernel the C call
@@ -119,7 +119,7 @@ class _Step:
         self.refs, self.copies, self.scalars = list(refs), list(copies), list(scalars)
 
 
-class Recorder(TorchDispatchMode):
+class DeviceWorkRecorder(TorchDispatchMode):
     """Runs a graph call normally and writes down its device work."""
 
     def __init__(self, args):
@@ -281,9 +281,9 @@ class Recorder(TorchDispatchMode):
 
 class Recording:
     """The recorded device work of one graph signature, replayed as one task
-    (a ``torchneuron._C._CompiledReplay``, csrc/bridge/compiled/compiled_replay.cpp)."""
+    (a ``torchneuron._C._CompiledReplay``, csrc/bridge/python_tasks/compiled_replay.cpp)."""
 
-    def __init__(self, rec: Recorder, out_spec, out_refs, name: str):
+    def __init__(self, rec: DeviceWorkRecorder, out_spec, out_refs, name: str):
         self.name = name
         slots = rec.slots
         # Dynamic slots change per call and reach the task with it (neuron
@@ -399,7 +399,7 @@ class ReplayGraph:
         return self._record(key, args)
 
     def _record(self, key, args: list):
-        recorder = Recorder(args)
+        recorder = DeviceWorkRecorder(args)
         keep = list(args)   # inputs stay alive: no memory reuse during the recording
         _launch._local.recorder = recorder
         try:

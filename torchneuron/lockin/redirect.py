@@ -53,7 +53,7 @@ _DEVICE_STRING = re.compile(r"^cuda(:(\d+))?$")
 _INTERNAL_PREFIXES = ("<frozen", "<string>")
 
 
-class Recorder:
+class RedirectedSites:
     """The call sites that needed redirection, with the program's own files."""
 
     def __init__(self, program_files: list[str]):
@@ -209,7 +209,7 @@ class _ProxyModule(types.ModuleType):
     """A module whose attributes, for program code, come from ``redirected`` (recorded),
     and for PyTorch's own code from the real module."""
 
-    def __init__(self, name: str, real: types.ModuleType, redirected, recorder: Recorder, rule: str,
+    def __init__(self, name: str, real: types.ModuleType, redirected, recorder: RedirectedSites, rule: str,
                  submodules: dict | None = None):
         super().__init__(name)
         object.__setattr__(self, "_real", real)
@@ -247,7 +247,7 @@ class _ProxyModule(types.ModuleType):
         return dir(object.__getattribute__(self, "_real"))
 
 
-def _recording(fn, recorder: Recorder, rule: str, what: str):
+def _recording(fn, recorder: RedirectedSites, rule: str, what: str):
     @functools.wraps(fn)
     def call(*args, **kwargs):
         recorder.record(rule, what + "()")
@@ -258,7 +258,7 @@ def _recording(fn, recorder: Recorder, rule: str, what: str):
 class _DeviceMode(TorchFunctionMode):
     """Rewrites CUDA devices in the arguments of every torch call."""
 
-    def __init__(self, target: str, recorder: Recorder):
+    def __init__(self, target: str, recorder: RedirectedSites):
         super().__init__()
         self.target = target
         self.recorder = recorder
@@ -323,7 +323,7 @@ class _DeviceMode(TorchFunctionMode):
         return func(*new_args, **kwargs)
 
 
-def _device_type_subclass(base, target: str, recorder: Recorder, what: str, default_cuda: bool):
+def _device_type_subclass(base, target: str, recorder: RedirectedSites, what: str, default_cuda: bool):
     """``base`` (autocast or GradScaler) whose device type "cuda" is the target."""
 
     class Redirected(base):
@@ -344,7 +344,7 @@ def _device_type_subclass(base, target: str, recorder: Recorder, what: str, defa
     return Redirected
 
 
-def _cpu_ddp(base, recorder: Recorder):
+def _cpu_ddp(base, recorder: RedirectedSites):
     class DistributedDataParallel(base):
         def __init__(self, module, device_ids=None, output_device=None, *args, **kwargs):
             if device_ids is not None or output_device is not None:
@@ -376,7 +376,7 @@ def _without_nccl(backend: str, replacement: str, target: str) -> str:
     return ",".join(dict.fromkeys(parts)) or "gloo"
 
 
-def _load(original, target: str, recorder: Recorder):
+def _load(original, target: str, recorder: RedirectedSites):
     """torch.load whose CUDA locations are the target."""
     from torch.serialization import default_restore_location
 
@@ -415,7 +415,7 @@ def _load(original, target: str, recorder: Recorder):
     return load
 
 
-def _generator(original, target: str, recorder: Recorder):
+def _generator(original, target: str, recorder: RedirectedSites):
     """torch.Generator whose "cuda" device is the target (a subclass: isinstance holds)."""
 
     class _Type(type(original)):
@@ -444,7 +444,7 @@ def _generator(original, target: str, recorder: Recorder):
     return Generator
 
 
-def _profile(original, target: str, recorder: Recorder):
+def _profile(original, target: str, recorder: RedirectedSites):
     """torch.profiler.profile whose ProfilerActivity.CUDA is the device's activity."""
     from torch.profiler import ProfilerActivity
 
@@ -470,7 +470,7 @@ class Redirection(contextlib.AbstractContextManager):
         if target not in ("neuron", "cpu"):
             raise ValueError(f"target must be 'neuron' or 'cpu', not {target!r}")
         self.target = target
-        self.recorder = Recorder(program_files or [])
+        self.recorder = RedirectedSites(program_files or [])
         self._undo: list = []
 
     @property

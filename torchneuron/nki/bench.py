@@ -2,7 +2,7 @@
 
 ``nki.benchmark(warmup=, iters=)(kernel)(*args)`` runs the kernel once
 interpreted with its instructions recorded, models that launch on the chosen
-machine (``perf.schedule``), then runs it ``warmup + iters`` more times on the
+machine (``perf_schedule.schedule``), then runs it ``warmup + iters`` more times on the
 emulator (replaying its trace) and times them.  Afterwards
 ``kernel.benchmark_result`` has, in the shape of AWS's result:
 
@@ -10,7 +10,7 @@ emulator (replaying its trace) and times them.  Afterwards
   microseconds (the model is deterministic: every percentile is the same);
 * ``emulator_latency.get_latency_percentile(p)``: the emulator's wall time
   per call, in microseconds, over the timed iterations;
-* ``model``: the ``perf.Report`` (``mfu``, ``mbu``, per-engine utilisation,
+* ``model``: the ``perf_report.Report`` (``mfu``, ``mbu``, per-engine utilisation,
   ``timeline()``), also ``mfu`` and ``mbu`` directly.
 
 Emulator iterations stop early once they have taken
@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from . import perf
+from .perf_report import Report, write_summary, write_trace
 from .jit import Kernel
 from .machine import resolve_machine
 
@@ -68,7 +69,7 @@ class LatencyStats:
 
 
 class BenchmarkResult:
-    def __init__(self, model: perf.Report, emulator_us, first_call_s, warmup, iters):
+    def __init__(self, model: Report, emulator_us, first_call_s, warmup, iters):
         self.model = model
         self.nc_latency = LatencyStats([model.latency_us])
         self.emulator_latency = LatencyStats(emulator_us)
@@ -220,12 +221,12 @@ def _write_artifacts(report, directory, neff_name, trace_name, overwrite=True, s
             raise FileExistsError(f"{p} exists (pass overwrite=True)")
         return p
     if trace_name:
-        perf.write_trace(report, path(trace_name))
+        write_trace(report, path(trace_name))
     if neff_name:
-        perf.write_summary(report, path(neff_name), note="emulator model summary; the emulator compiles no NEFF",
+        write_summary(report, path(neff_name), note="emulator model summary; the emulator compiles no NEFF",
                            **extra)
     if summary:
-        perf.write_summary(report, path(f"{report.kernel_name}_summary.json"), **extra)
+        write_summary(report, path(f"{report.kernel_name}_summary.json"), **extra)
 
 
 def baremetal(kernel=None, **options):

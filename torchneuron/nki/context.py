@@ -28,7 +28,7 @@ class LaunchState:
         self.shared_outputs: list = []
         # False when replaying a recorded program (capacity was checked when recording)
         self.account_memory = True
-        # perf.Recorder collecting the instructions for the performance model, or None
+        # recorder.Recorder collecting the instructions for the performance model, or None
         self.profile = None
 
 

@@ -27,7 +27,8 @@ from . import dtypes as _dt
 from . import lnc
 from .instruction import counting
 from .lower import replay
-from .trace import Recorder, TraceCache
+from .recorder import Recorder
+from .trace import TraceCache
 
 # Adapters for framework tensors: objects with ``accepts(args, kwargs)`` and
 # ``launch(kernel, grid, args, kwargs)``.  Modules listed in _LAZY_ADAPTERS
@@ -97,7 +98,7 @@ def run_on_host_buffers(fn, grid, args, kwargs, *, hbm_allocator=None, target=No
     storage of ``shared_hbm`` outputs (NumPy zeros/garbage by default).
     With a ``cache`` (``trace.TraceCache``) the launch replays the program
     recorded for its signature, or records one.  With ``profile`` (a
-    ``perf.Recorder``) the launch is interpreted and its instructions are
+    ``recorder.Recorder``) the launch is interpreted and its instructions are
     recorded for the performance model.  Returns the kernel's return value
     with HBM tensors replaced by their arrays.
     """

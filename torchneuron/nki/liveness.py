@@ -67,7 +67,7 @@ class Liveness:
         self.step = 0
         self.depth = 0
         self.allocs = []
-        # perf.Recorder collecting instruction records for the performance model, or None
+        # recorder.Recorder collecting instruction records for the performance model, or None
         self.profile = None
         self.peak = {}
 

@@ -18,7 +18,7 @@ How a call on ``neuron`` tensors runs
 2. **Launch.**  The host allocates the ``shared_hbm`` outputs as ``neuron``
    tensors from that record and queues ONE task named ``nki::<kernel name>``
    on the current stream of the tensors' device (torchneuron/_python_tasks.py,
-   csrc/bridge/compiled/python_tasks.cpp), and returns.  The caller gets the outputs at once; Python runs ahead.
+   csrc/bridge/python_tasks/python_tasks.cpp), and returns.  The caller gets the outputs at once; Python runs ahead.
 3. **Execution.**  The task runs on the stream's executor thread, after the
    work queued before it and before the work queued after it.  It takes the
    GIL and runs the emulator (``_execute`` here) on NumPy views of CPU

@@ -10,7 +10,8 @@ the new arrays without running the kernel's Python.
 
 Recording works at the level of kernel-visible instructions: every public
 function of ``nki.language`` / ``nki.isa`` (and tile arithmetic) is wrapped by
-``instruction``.  While recording, an outermost instruction call is stored as
+``instruction``.  While recording (the instruction recorder, recorder.py), an
+outermost instruction call is stored as
 (function, arguments) with each tile argument replaced by a ``View``: which
 buffer (a slot) and which elements of it (whole / offset+strides / flat index
 array).  Buffers get a slot when an instruction first returns them; kernel
@@ -36,13 +37,11 @@ from __future__ import annotations
 
 import os
 import threading
-import weakref
 
 import numpy as np
 
 from .context import InstanceState, running
-from .errors import NKIError, kernel_location
-from .instruction import _tls
+from .errors import NKIError
 from .tensor import NkiTensor
 
 _UINT_OF_SIZE = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
@@ -53,10 +52,6 @@ def enabled(flag=None) -> bool:
     if flag is not None:
         return bool(flag)
     return os.environ.get("TORCHNEURON_NKI_TRACE_CACHE", "1").lower() not in ("0", "false", "no", "off")
-
-
-class _Untraceable(Exception):
-    pass
 
 
 # ------------------------------------------------------------------ views
@@ -226,129 +221,6 @@ def _walk_views(v, f):
 
 def _make_result(template, allocs):
     return _make(template, allocs, {})
-
-
-# ---------------------------------------------------------------- recorder
-class Recorder:
-    """Records the instructions of one interpreted launch (thread-local while active)."""
-
-    def __init__(self, inputs):
-        self.depth = 0
-        self.reason = None
-        self.slots = weakref.WeakKeyDictionary()  # Allocation -> slot (weak: liveness is accounted)
-        self.meta = {}
-        for t in inputs:
-            self.meta[self.slots.setdefault(t._alloc, len(self.slots))] = _meta(t._alloc)
-        self.n_inputs = len(inputs)
-        self.n_slots = len(self.slots)
-        self.instances = []
-        self.steps = None
-
-    def __enter__(self):
-        self.prev = getattr(_tls, "rec", None)
-        if self.prev is not None:
-            self.prev.poison("the kernel launches another kernel")
-        _tls.rec = self
-        return self
-
-    def __exit__(self, *exc):
-        _tls.rec = self.prev
-        return False
-
-    def attach_thread(self):
-        """Record this thread's instructions too (an LNC instance running on a thread of its own);
-        returns what ``detach_thread`` restores."""
-        prev = getattr(_tls, "rec", None)
-        _tls.rec = self if self.reason is None else None
-        return prev
-
-    @staticmethod
-    def detach_thread(prev):
-        _tls.rec = prev
-
-    def begin_instance(self, program_id):
-        self.steps = []
-        self.instances.append((tuple(program_id), self.steps))
-
-    def poison(self, reason):
-        if self.reason is None:
-            self.reason = reason
-        if getattr(_tls, "rec", None) is self:
-            _tls.rec = None  # stop recording; the launch goes on interpreting
-
-    def call(self, fn, args, kwargs):
-        try:
-            memo = {}
-            targs = tuple(self._template(a, memo) for a in args)
-            tkwargs = {k: self._template(v, memo) for k, v in kwargs.items()}
-        except _Untraceable as e:
-            self.poison(str(e))
-            return fn(*args, **kwargs)
-        location = kernel_location()
-        self.depth += 1
-        try:
-            out = fn(*args, **kwargs)
-        finally:
-            self.depth -= 1
-        binds = []
-        self._bind(out, (), binds)
-        self.steps.append(Step(fn, targs, tkwargs, binds, location))
-        return out
-
-    def _slot(self, t):
-        slot = self.slots.get(t._alloc)
-        if slot is None:
-            raise _Untraceable(f"an instruction at {kernel_location()} was given {t!r}, which no instruction "
-                               "of this launch created")
-        return slot
-
-    def _template(self, v, memo):
-        if isinstance(v, NkiTensor):
-            view = memo.get(id(v))
-            if view is None:
-                view = memo[id(v)] = View(self._slot(v), v)
-            return view
-        if isinstance(v, (list, tuple)):
-            items = [self._template(x, memo) for x in v]
-            if not any(isinstance(x, (View, _Nested)) for x in items):
-                return v
-            return _Nested(type(v) if type(v) in (list, tuple) else tuple, items)
-        if isinstance(v, dict):
-            items = [(k, self._template(x, memo)) for k, x in v.items()]
-            if not any(isinstance(x, (View, _Nested)) for _, x in items):
-                return v
-            return _Nested(dict, items)
-        if isinstance(v, np.ndarray):
-            # index grids and masks are the kernel's own arrays: it may change them later
-            return v.copy()
-        return v
-
-    def _bind(self, out, path, binds):
-        if isinstance(out, NkiTensor):
-            if out._alloc not in self.slots:
-                self.slots[out._alloc] = self.n_slots
-                self.meta[self.n_slots] = _meta(out._alloc)
-                binds.append((path, self.n_slots))
-                self.n_slots += 1
-        elif isinstance(out, (list, tuple)):
-            for i, x in enumerate(out):
-                self._bind(x, path + (i,), binds)
-
-    def finish(self, result):
-        """The Program, or None if the launch was not replayable (``reason`` says why)."""
-        if self.reason is not None:
-            return None
-        try:
-            template = self._template(result, {})
-        except _Untraceable as e:
-            self.reason = f"the kernel returns a tensor no instruction created ({e})"
-            return None
-        return Program(self.n_inputs, self.n_slots, self.instances, template, self.meta)
-
-
-def _meta(alloc):
-    """What the lowering needs to know about a buffer: shape, NKI dtype, memory, storage dtype."""
-    return (tuple(alloc.data.shape), alloc.dtype, alloc.buffer, alloc.data.dtype)
 
 
 # ------------------------------------------------------------------- cache

@@ -1,7 +1,7 @@
 """The device memory checker (``TORCHNEURON_MEMCHECK=1``; docs/sanitizers.md).
 
 The checking is in C++ (csrc/runtime/memcheck.h: host access protection;
-csrc/bridge/memcheck.h: poisoning, redzones, record_stream); this module turns
+csrc/bridge/sanitizers/memcheck.h: poisoning, redzones, record_stream); this module turns
 its reports into exceptions on Python's main thread, at the first bytecode
 after the C++ side queued them. ``TORCHNEURON_MEMCHECK=warn`` warns instead.
 """

@@ -20,7 +20,7 @@ schema reading of which arguments an operator reads and writes
   stream's pool while another stream still uses it (a missing
   ``record_stream``) is reported at its new owner's first access;
 * synchronisations the dispatcher never sees come from the C++ side
-  (csrc/bridge/sanitizer.h: the device guard's event record, wait and
+  (csrc/bridge/sanitizers/stream_sanitizer.h: the device guard's event record, wait and
   synchronize, stream and device synchronize, and the allocator's frees),
   and so does work that does not go through the dispatcher: compiled
   graphs' kernels (torchneuron/compile/launch.py calls :func:`_on_kernel`).
@@ -30,7 +30,8 @@ schema reading of which arguments an operator reads and writes
 
 A race is reported with both accesses (operator, argument, stream, Python
 stack), the tensor's shape and the operator that allocated its storage, as a
-:class:`StreamRaceError` (default) or a :class:`StreamRaceWarning`.
+:class:`StreamRaceError` (default) or a :class:`StreamRaceWarning`
+(race_report.py).
 
 Use ``TORCHNEURON_STREAM_SANITIZER=1`` (``=warn`` to warn) for a whole
 program, read when torchneuron is imported, or :func:`stream_sanitizer` as a
@@ -52,10 +53,10 @@ from contextlib import contextmanager
 import torch
 from torch.cuda._sanitizer import ArgumentHandler, StreamSynchronizations
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._traceback import CapturedTraceback
 
 from .. import _C
 from ..compile import launch
+from .race_report import RaceReport, StreamRaceError, StreamRaceWarning, _Access, _Storage, _stream_key
 
 __all__ = ["StreamRaceError", "StreamRaceWarning", "StreamSanitizer", "stream_sanitizer", "enable", "disable",
            "active"]
@@ -63,7 +64,7 @@ __all__ = ["StreamRaceError", "StreamRaceWarning", "StreamSanitizer", "stream_sa
 _aten = torch.ops.aten
 _gather = torch._C._profiler.gather_traceback
 
-# What the C++ log's kinds are (csrc/bridge/sanitizer.h: sanitizer::Kind).
+# What the C++ log's kinds are (csrc/bridge/sanitizers/stream_sanitizer.h: sanitizer::Kind).
 (_EVENT_RECORD, _EVENT_WAIT, _EVENT_SYNC, _EVENT_DESTROY, _STREAM_SYNC, _DEVICE_SYNC, _FREE, _COLLECTIVE) = range(8)
 
 # Operators that only make storage, without running device work: their
@@ -87,109 +88,6 @@ _COLLECTIVE_NAMESPACES = ("c10d::", "_c10d_functional::")
 _COLLECTIVE_WRITES = frozenset({"tensors", "output_tensors", "output_tensor", "output"})
 # Records of freed memory kept at most (oldest dropped first), per sanitizer.
 _MAX_FREED = 20000
-
-
-class StreamRaceError(RuntimeError):
-    """Accesses to the same device memory on different streams that nothing orders."""
-
-    def __init__(self, reports: list["RaceReport"]):
-        self.reports = reports
-        super().__init__("\n\n".join(str(r) for r in reports))
-
-
-class StreamRaceWarning(UserWarning):
-    pass
-
-
-def _stream_key(device: int, stream: int) -> int:
-    return device << 32 | stream
-
-
-def _stream_name(key: int) -> str:
-    device, stream = key >> 32, key & 0xFFFFFFFF
-    return f"stream {stream} of neuron:{device}" + (" (the default stream)" if stream == 0 else "")
-
-
-_OWN_FILES = (os.path.abspath(__file__), os.path.join("torch", "utils", "_python_dispatch.py"),
-              os.path.join("torch", "_ops.py"), os.path.join("torch", "_compile.py"),
-              os.path.join("torch", "_dynamo", "eval_frame.py"), os.path.join("torchneuron", "compile", "launch.py"))
-
-
-def _format_stack(tb) -> str:
-    """The Python stack of a captured traceback, innermost last, without the sanitizer's own frames."""
-    if tb is None:
-        return "      (not captured)\n"
-    frames = [f for f in CapturedTraceback(tb).summary() if not f.filename.endswith(_OWN_FILES)]
-    lines = []
-    for f in frames[-12:]:
-        lines.append(f'      File "{f.filename}", line {f.lineno}, in {f.name}\n')
-        if f.line:
-            lines.append(f"        {f.line.strip()}\n")
-    return "".join(lines) or "      (no Python frames)\n"
-
-
-class _Storage:
-    """Device memory one storage owns, as the sanitizer saw it: where it was
-    allocated and the accesses to its bytes that later ones must follow."""
-    __slots__ = ("device", "base", "nbytes", "op", "stack", "shape", "dtype", "accesses")
-
-    def __init__(self, device, base, nbytes, op, stack, shape, dtype):
-        self.device, self.base, self.nbytes = device, base, nbytes
-        self.op, self.stack, self.shape, self.dtype = op, stack, shape, dtype
-        self.accesses: list[_Access] = []
-
-    def describe(self) -> str:
-        if self.op is None:
-            return "allocated before the sanitizer started (no allocation site)"
-        return (f"allocated as a {tuple(self.shape)} {str(self.dtype).replace('torch.', '')} result of "
-                f"{self.op} at\n{_format_stack(self.stack)}")
-
-
-class _Access:
-    """One operator's read or write of bytes [lo, hi) of device memory."""
-    __slots__ = ("write", "seq", "stream", "op", "names", "is_output", "stack", "lo", "hi", "shape", "owner")
-
-    def __init__(self, write, seq, stream, op, names, is_output, stack, lo, hi, shape, owner):
-        self.write, self.seq, self.stream, self.op = write, seq, stream, op
-        self.names, self.is_output, self.stack = names, is_output, stack
-        self.lo, self.hi, self.shape, self.owner = lo, hi, shape, owner
-
-    def describe(self) -> str:
-        what = "writing" if self.write else "reading"
-        args = ", ".join(f"argument '{n}'" for n in self.names)
-        if self.is_output:
-            args = f"{args} and its result" if args else "its result"
-        return (f"{self.op} {what} {args} (a {tuple(self.shape)} tensor) on {_stream_name(self.stream)}, "
-                f"launched at\n{_format_stack(self.stack)}")
-
-
-class RaceReport:
-    """A race: the current access, the earlier one it is not ordered after, and the memory."""
-
-    def __init__(self, current: _Access, previous: _Access, storage: _Storage):
-        self.current, self.previous, self.storage = current, previous, storage
-
-    @property
-    def reused(self) -> bool:
-        """The earlier access was to a tensor whose memory was freed and reused since."""
-        return self.previous.owner is not self.storage
-
-    def __str__(self) -> str:
-        c, p, st = self.current, self.previous, self.storage
-        head = (f"neuron stream sanitizer: possible data race on device memory of neuron:{st.device} "
-                f"(bytes {c.lo - st.base}..{c.hi - st.base} of a storage of {st.nbytes} bytes)\n")
-        lines = [head, f"  This access: {c.describe()}",
-                 f"  Earlier access, not ordered before it (no event, wait_stream or synchronize between "
-                 f"{_stream_name(p.stream)} and {_stream_name(c.stream)}): {p.describe()}"]
-        if self.reused:
-            lines.append(
-                f"  The earlier access was to another tensor, whose storage was freed while "
-                f"{_stream_name(p.stream)} could still use it and then reused by this one (the allocator "
-                f"reuses a block on its own stream's order only: a tensor used on another stream needs "
-                f"tensor.record_stream(that stream) before it is freed, or a synchronisation). "
-                f"That tensor was {p.owner.describe()}")
-        lines.append(f"  This tensor's storage was {st.describe()}")
-        return "".join(lines)
 
 
 def _shape(t: torch.Tensor) -> tuple:

@@ -1,11 +1,11 @@
-// torchneuron._C._CompiledReplay: the Python face of compiled/compiled_replay.h,
+// torchneuron._C._CompiledReplay: the Python face of python_tasks/compiled_replay.h,
 // which torchneuron/compile/replay.py records into.
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
-#include "../compiled/compiled_replay.h"
+#include "../python_tasks/compiled_replay.h"
 #include "bindings.h"
 
 namespace py = pybind11;

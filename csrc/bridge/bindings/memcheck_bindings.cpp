@@ -1,5 +1,5 @@
 // torchneuron._C's part of the device memory checker (torchneuron/sanitizers/memcheck.py,
-// ../memcheck.h): its reports with their stacks, and the pending call that
+// ../sanitizers/memcheck.h): its reports with their stacks, and the pending call that
 // hands them to Python's main thread.
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>
@@ -7,7 +7,7 @@
 
 #include <atomic>
 
-#include "../memcheck.h"
+#include "../sanitizers/memcheck.h"
 #include "bindings.h"
 
 namespace py = pybind11;

@@ -1,5 +1,5 @@
 // torchneuron._C's part of the stream sanitizer (torchneuron/sanitizers/stream.py):
-// its log of synchronisations and frees (../sanitizer.h), the current stream,
+// its log of synchronisations and frees (../sanitizers/stream_sanitizer.h), the current stream,
 // and where tensors lie in device memory.
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/Tensor.h>
@@ -7,7 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "../device_state.h"
-#include "../sanitizer.h"
+#include "../sanitizers/stream_sanitizer.h"
 #include "bindings.h"
 
 namespace py = pybind11;

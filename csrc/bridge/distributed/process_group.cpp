@@ -13,8 +13,8 @@
 #include "../allocator.h"
 #include "../device_state.h"
 #include "../exec/host_views.h"
-#include "../memcheck.h"
-#include "../sanitizer.h"
+#include "../sanitizers/memcheck.h"
+#include "../sanitizers/stream_sanitizer.h"
 
 namespace torchneuron {
 

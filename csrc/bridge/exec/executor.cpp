@@ -7,13 +7,14 @@
 //                 (meta.h), allocates them from the caching allocator, queues
 //                 a task on the current stream and returns (launch.h); the
 //                 task runs the kernel on host views of device memory, and
-//                 element-wise work may join a pending fused task (fuser.h)
+//                 element-wise work may join a pending fused task (fusion_offer.h)
 //   synchronous   operators whose output sizes depend on the data (nonzero,
 //                 unique, equal, ...): the host waits for the stream and runs
 //                 the kernel in place, as on every accelerator
-//   fallback      an operator the meta pass cannot predict runs the same
-//                 synchronous way; it is counted and warned about
-//                 (op_tracking.h), or refused under TORCHNEURON_STRICT_FALLBACK
+//   synchronous   an operator the meta pass cannot predict runs the same
+//   fallback      synchronous way; it is counted and warned about
+//                 (../sanitizers/op_tracking.h), or refused under
+//                 TORCHNEURON_STRICT_FALLBACK
 //
 // Operators with several tensor results are verified: some meta kernels
 // describe auxiliary results differently from the CPU kernel (batch norm's
@@ -40,8 +41,8 @@
 #include <optional>
 
 #include "../device_state.h"
-#include "../memcheck.h"
-#include "../op_tracking.h"
+#include "../sanitizers/memcheck.h"
+#include "../sanitizers/op_tracking.h"
 #include "call_verdicts.h"
 #include "host_views.h"
 #include "launch.h"

@@ -1,6 +1,7 @@
 // The executor's entry point: every ATen operator on `neuron` that has no
-// explicit kernel (../ops/kernels.h) runs through `execute` (executor.cpp
-// says how), registered as the PrivateUse1 boxed fallback.
+// explicit kernel (../ops/explicit_ops.h) runs through `execute` (executor.cpp
+// says how), registered as the PrivateUse1 key's catch-all kernel (PyTorch's
+// m.fallback; the synchronous fallback is one of the ways it runs an operator).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -6,7 +6,7 @@
 #include <c10/core/impl/COW.h>
 
 #include "../device_state.h"
-#include "../memcheck.h"
+#include "../sanitizers/memcheck.h"
 
 namespace torchneuron {
 namespace {

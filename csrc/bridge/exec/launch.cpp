@@ -10,8 +10,8 @@
 #include "../device_state.h"
 #include "../generator.h"
 #include "../kernels/device_ops.h"
-#include "../memcheck.h"
-#include "fuser.h"
+#include "../sanitizers/memcheck.h"
+#include "fusion_offer.h"
 #include "host_scalar.h"
 #include "host_views.h"
 #include "op_policy.h"
@@ -229,6 +229,7 @@ class LaunchRef {
     if (p_) LaunchPool::instance().give(p_);
   }
   Launch* operator->() const { return p_; }
+  Launch& operator*() const { return *p_; }
 
  private:
   Launch* p_;
@@ -263,42 +264,48 @@ c10::SmallVector<size_t, 2> grown_by_the_kernel(const c10::OperatorHandle& op, c
   return grown;
 }
 
-} // namespace
+bool fusable_size(const c10::IValue& v, int64_t fusable) { return v.isTensor() && v.toTensor().numel() >= fusable; }
 
-void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
-                   c10::DeviceIndex device, const std::vector<c10::IValue>& meta,
-                   const std::vector<at::Tensor>& meta_written) {
-  const auto& schema = op.schema();
-  const size_t n = schema.arguments().size(), r = schema.returns().size();
-  auto args = torch::jit::last(*stack, n);
-  LaunchRef launch;
-  if (!policy.written.empty()) launch->grown_out = grown_by_the_kernel(op, policy, args, meta_written);
+// The call's written arguments take the metadata the meta pass gave
+// them, and the out= arguments the kernel grows itself are noted for the task.
+void adopt_written_metadata(const c10::OperatorHandle& op, const OpPolicy& policy, c10::ArrayRef<c10::IValue> args,
+                            const std::vector<at::Tensor>& meta_written, Launch& launch) {
+  if (!policy.written.empty()) launch.grown_out = grown_by_the_kernel(op, policy, args, meta_written);
   for (size_t k = 0; k < policy.written.size(); ++k)
     if (meta_written[k].defined()) adopt_metadata(args[policy.written[k]].toTensor(), meta_written[k]);
+}
 
-  launch->grad_enabled = at::GradMode::is_enabled();
-  TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
-  c10::SmallVector<c10::IValue, 4> results(r);
-  outputs.values.reserve(r);
-  task_args.values.reserve(n + r);  // out= calls push their outputs onto it
-  bool large = false;  // worth fusing
-  const int64_t fusable = min_fusable_numel();
-  auto note = [&](const c10::IValue& v) { large |= v.isTensor() && v.toTensor().numel() >= fusable; };
-  for (size_t i = 0; i < r; ++i) {
+// The results. An argument the operator returns (in place, out=) is
+// returned as it is; the others are allocated on the device now, as the meta
+// pass predicted them, and become the task's outputs. True if one is large
+// enough to fuse.
+bool allocate_results(const OpPolicy& policy, c10::ArrayRef<c10::IValue> args, const std::vector<c10::IValue>& meta,
+                      c10::DeviceIndex device, int64_t fusable, c10::SmallVector<c10::IValue, 4>& results,
+                      TaskValues& outputs) {
+  bool large = false;
+  for (size_t i = 0; i < results.size(); ++i) {
     if (policy.source[i] >= 0) {
       results[i] = args[policy.source[i]];
-    } else {
-      auto empty_like = [&](const at::Tensor& m) { return m.defined() ? empty_like_on(m, device) : m; };
-      results[i] = meta[i].isTensor() ? c10::IValue(empty_like(meta[i].toTensor())) : map_tensors(meta[i], empty_like);
-      note(results[i]);
-      if (results[i].isTensor() && results[i].toTensor().defined())
-        outputs.add(results[i].toTensor());
-      else
-        outputs.values.push_back(map_tensors(results[i], [](const at::Tensor& t) { return host_view(t); }));
+      continue;
     }
+    auto empty_like = [&](const at::Tensor& m) { return m.defined() ? empty_like_on(m, device) : m; };
+    results[i] = meta[i].isTensor() ? c10::IValue(empty_like(meta[i].toTensor())) : map_tensors(meta[i], empty_like);
+    large |= fusable_size(results[i], fusable);
+    if (results[i].isTensor() && results[i].toTensor().defined())
+      outputs.add(results[i].toTensor());
+    else
+      outputs.values.push_back(map_tensors(results[i], [](const at::Tensor& t) { return host_view(t); }));
   }
-  for (size_t i = 0; i < n; ++i) {
-    note(args[i]);
+  return large;
+}
+
+// The task's arguments, in the form the task takes them (TaskValues).
+// True if one is large enough to fuse.
+bool take_task_args(const OpPolicy& policy, c10::ArrayRef<c10::IValue> args, c10::DeviceIndex device, int64_t fusable,
+                    TaskValues& task_args) {
+  bool large = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    large |= fusable_size(args[i], fusable);
     const bool device_tensor =
         args[i].isTensor() && args[i].toTensor().defined() && args[i].toTensor().device().type() == kNeuron;
     if (device_tensor && !policy.is_generator(i))
@@ -310,78 +317,123 @@ void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch:
     else
       task_args.values.push_back(task_arg(args[i], i, policy, device, true, false));
   }
+  return large;
+}
+
+// An element-wise call offered to adaptive eager (fusion_offer.h).
+// True if the fuser queued it; false leaves the launch to be queued alone.
+bool offered_to_fusion(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op,
+                       const OpPolicy& policy, Launch& launch, rt::Stream& stream) {
+  SharedHostStorages shared;
+  launch.task_args.make();
+  launch.outputs.make();
+  ElementwiseCall call{out_op ? *out_op : op, launch.task_args.values, {}, &policy};
+  if (out_op)
+    call.args.insert(call.args.end(), launch.outputs.values.begin(), launch.outputs.values.end());
+  else
+    for (const auto& o : launch.outputs.values) call.results.push_back(o.toTensor());
+  return translate_errors([&] { return offer_to_fuser(stream, call); });
+}
+
+// The task of an out= overload. Some out= kernels resize their output as
+// scratch (mse_loss.out): they get resizable host views, and results that
+// moved come back.
+void run_out_variant(const c10::OperatorHandle& out_op, const OpPolicy& policy, TaskValues& outputs,
+                     torch::jit::Stack& s) {
+  std::vector<at::Tensor> flexible;
+  for (auto& o : outputs.values)
+    flexible.push_back(o.isTensor() ? host_view(o.toTensor(), /*resizable=*/true) : at::Tensor());
+  for (const auto& d : outputs.deferred) flexible[d.index] = d.view.make(/*resizable=*/true);
+  for (auto& f : flexible) s.push_back(f);
+  call_kernel(out_op, policy, &s);
+  for (const auto& d : outputs.deferred)
+    if (flexible[d.index].storage().data() != d.view.data) d.view.make().copy_(flexible[d.index]);
+}
+
+// The task of a functional or in-place overload: its results are placed in
+// (or copied into) the device memory allocated for them at the call.
+void run_functional(const c10::OperatorHandle& op, const OpPolicy& policy, Launch& launch, torch::jit::Stack& s) {
+  launch.outputs.make();
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> grown;  // (device memory's view, the kernel's out)
+  for (size_t w : launch.grown_out) {
+    grown.emplace_back(s[w].toTensor(), at::empty({0}, s[w].toTensor().options()));
+    s[w] = grown.back().second;
+  }
+  PlaceResults placing(launch.outputs.values, policy.place_results, policy.learned.placement.get(), s);
+  call_kernel(op, policy, &s);
+  for (auto& [view, out] : grown) view.copy_(out);
+  std::vector<c10::IValue> results;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (policy.source[i] < 0) results.push_back(std::move(s[i]));
+  s.clear();
+  placing.settle(std::move(results));
+}
+
+// A queued task, on the executor: the kernel on host views of the launch's
+// values, with the caller's grad mode and the task's warnings dropped.
+void run_queued_task(const c10::OperatorHandle& op, const std::optional<c10::OperatorHandle>& out_op,
+                     const OpPolicy& policy, Launch& launch) {
+  auto guard = below_autograd();
+  c10::AutoGradMode grad_mode(launch.grad_enabled);
+  SharedHostStorages shared;
+  static DropWarnings drop;
+  c10::WarningUtils::WarningHandlerGuard quiet(&drop);
+  launch.task_args.make();
+  torch::jit::Stack& s = launch.task_args.values;  // in place: the record keeps its capacity
+  if (out_op)
+    run_out_variant(*out_op, policy, launch.outputs, s);
+  else
+    run_functional(op, policy, launch, s);
+}
+
+void return_results(torch::jit::Stack* stack, size_t n, c10::SmallVector<c10::IValue, 4>& results) {
+  torch::jit::drop(*stack, n);
+  for (auto& v : results) stack->push_back(std::move(v));
+}
+
+} // namespace
+
+// A queued call's five jobs: the written arguments' metadata, the results'
+// device memory, the task's arguments, the offer to adaptive eager, and the
+// task queued on the stream.
+void launch_queued(const c10::OperatorHandle& op, const OpPolicy& policy, torch::jit::Stack* stack,
+                   c10::DeviceIndex device, const std::vector<c10::IValue>& meta,
+                   const std::vector<at::Tensor>& meta_written) {
+  const auto& schema = op.schema();
+  const size_t n = schema.arguments().size(), r = schema.returns().size();
+  auto args = torch::jit::last(*stack, n);
+  LaunchRef launch;
+  adopt_written_metadata(op, policy, args, meta_written, *launch);
+  launch->grad_enabled = at::GradMode::is_enabled();
+  TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
+  c10::SmallVector<c10::IValue, 4> results(r);
+  outputs.values.reserve(r);
+  task_args.values.reserve(n + r);  // out= calls push their outputs onto it
+  const int64_t fusable = min_fusable_numel();
+  bool large = allocate_results(policy, args, meta, device, fusable, results, outputs);
+  large |= take_task_args(policy, args, device, fusable, task_args);
 
   // A functional op whose out= overload exists writes straight into its
   // outputs; otherwise its results are copied into them.
   bool all_defined = true;
   for (size_t i = 0; i < r; ++i)
     all_defined &= policy.source[i] >= 0 || (results[i].isTensor() && results[i].toTensor().defined());
-  const size_t fresh = outputs.values.size();
-  auto out_op = all_defined && fresh == r && r > 0 ? policy.out_op : std::nullopt;
+  const bool all_fresh = all_defined && outputs.values.size() == r && r > 0;
+  auto out_op = all_fresh ? policy.out_op : std::nullopt;
   rt::Stream& stream = current_runtime_stream(device);
-  if (policy.fusion != Fusion::None && large && all_defined && launch->grown_out.empty() && adaptive_eager_enabled()) {
-    SharedHostStorages shared;
-    task_args.make();
-    outputs.make();
-    ElementwiseCall call{out_op ? *out_op : op, task_args.values, {}, &policy};
-    if (out_op)
-      call.args.insert(call.args.end(), outputs.values.begin(), outputs.values.end());
-    else
-      for (const auto& o : outputs.values) call.results.push_back(o.toTensor());
-    if (translate_errors([&] { return offer_to_fuser(stream, call); })) {
-      torch::jit::drop(*stack, n);
-      for (auto& v : results) stack->push_back(std::move(v));
-      return;
-    }
-  }
-  if (!out_op && all_defined && fresh == r && r > 0 && policy.equivalent_out && policy.equivalent_out->applies(args)) {
+  if (policy.fusion != Fusion::None && large && all_defined && launch->grown_out.empty() && adaptive_eager_enabled() &&
+      offered_to_fusion(op, out_op, policy, *launch, stream))
+    return return_results(stack, n, results);
+  if (!out_op && all_fresh && policy.equivalent_out && policy.equivalent_out->applies(args)) {
     out_op = policy.equivalent_out->out_op;
     const auto& extra = policy.equivalent_out->extra_args;
     task_args.values.insert(task_args.values.end(), extra.begin(), extra.end());
   }
   translate_errors([&] {
-    stream.enqueue(
-        rt::TaskName::borrow(policy.task_name),  // policies live as long as the process
-        [op, out_op, &policy, launch = std::move(launch)] {
-          TaskValues &task_args = launch->task_args, &outputs = launch->outputs;
-          auto guard = below_autograd();
-          c10::AutoGradMode grad_mode(launch->grad_enabled);
-          SharedHostStorages shared;
-          static DropWarnings drop;
-          c10::WarningUtils::WarningHandlerGuard quiet(&drop);
-          task_args.make();
-          torch::jit::Stack& s = task_args.values;  // in place: the record keeps its capacity
-          if (out_op) {
-            // Some out= kernels resize their output as scratch (mse_loss.out):
-            // they get resizable host views, and results that moved come back.
-            std::vector<at::Tensor> flexible;
-            for (auto& o : outputs.values)
-              flexible.push_back(o.isTensor() ? host_view(o.toTensor(), /*resizable=*/true) : at::Tensor());
-            for (const auto& d : outputs.deferred) flexible[d.index] = d.view.make(/*resizable=*/true);
-            for (auto& f : flexible) s.push_back(f);
-            call_kernel(*out_op, policy, &s);
-            for (const auto& d : outputs.deferred)
-              if (flexible[d.index].storage().data() != d.view.data) d.view.make().copy_(flexible[d.index]);
-            return;
-          }
-          outputs.make();
-          c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> grown;  // (device memory's view, the kernel's out)
-          for (size_t w : launch->grown_out) {
-            grown.emplace_back(s[w].toTensor(), at::empty({0}, s[w].toTensor().options()));
-            s[w] = grown.back().second;
-          }
-          PlaceResults placing(outputs.values, policy.place_results, policy.learned.placement.get(), s);
-          call_kernel(op, policy, &s);
-          for (auto& [view, out] : grown) view.copy_(out);
-          std::vector<c10::IValue> results;
-          for (size_t i = 0; i < s.size(); ++i)
-            if (policy.source[i] < 0) results.push_back(std::move(s[i]));
-          s.clear();
-          placing.settle(std::move(results));
-        });
+    stream.enqueue(rt::TaskName::borrow(policy.task_name),  // policies live as long as the process
+                   [op, out_op, &policy, launch = std::move(launch)] { run_queued_task(op, out_op, policy, *launch); });
   });
-  torch::jit::drop(*stack, n);
-  for (auto& v : results) stack->push_back(std::move(v));
+  return_results(stack, n, results);
 }
 
 namespace {

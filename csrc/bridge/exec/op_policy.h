@@ -36,7 +36,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "../op_tracking.h"
+#include "../sanitizers/op_tracking.h"
 #include "meta_checks.h"
 #include "out_variants.h"
 

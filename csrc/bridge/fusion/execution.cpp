@@ -11,7 +11,7 @@
 #include <algorithm>
 
 #include "../exec/host_views.h"
-#include "../memcheck.h"
+#include "../sanitizers/memcheck.h"
 #include "../exec/launch.h"
 #include "../exec/op_policy.h"
 #include "../exec/result_placement.h"

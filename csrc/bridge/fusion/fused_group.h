@@ -32,7 +32,7 @@
 #include <optional>
 #include <vector>
 
-#include "../exec/fuser.h"
+#include "../exec/fusion_offer.h"
 #include "../kernels/exact_arithmetic.h"
 #include "runtime/task.h"
 

@@ -1,12 +1,12 @@
 // The fuser's side of the queue: a fusable call joins the fused group at the
 // stream's tail while that group waits, or starts a group of its own; frees
 // reach a waiting group through runtime::OpenWork. Installed into the
-// executor (../exec/fuser.h) when the extension loads.
+// executor (../exec/fusion_offer.h) when the extension loads.
 #include <memory>
 #include <string>
 
 #include "../exec/op_policy.h"
-#include "../op_tracking.h"
+#include "../sanitizers/op_tracking.h"
 #include "fused_group.h"
 
 namespace torchneuron::fusion {

@@ -5,7 +5,7 @@
 
 #include "../exec/op_policy.h"
 #include "../kernels/vector_math.h"
-#include "../op_tracking.h"
+#include "../sanitizers/op_tracking.h"
 #include "fused_group.h"
 
 namespace torchneuron::fusion {

@@ -13,12 +13,12 @@
 #include <ATen/ops/_local_scalar_dense_native.h>
 
 #include "../device_state.h"
-#include "../exec/fuser.h"
+#include "../exec/fusion_offer.h"
 #include "../exec/host_views.h"
 #include "../exec/launch.h"
 #include "../exec/op_policy.h"
 #include "../host_allocator.h"
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 

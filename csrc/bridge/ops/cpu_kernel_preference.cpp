@@ -26,7 +26,7 @@
 
 #include "../exec/executor.h"
 #include "../exec/op_policy.h"
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 

@@ -12,7 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/native/ForeachUtils.h>
 
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 

@@ -24,7 +24,7 @@
 #include <torch/csrc/autograd/generated/Functions.h>
 #include <torch/library.h>
 
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 namespace {

@@ -13,7 +13,7 @@
 #include <ATen/Operators.h>
 
 #include "../exec/executor.h"
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 

@@ -42,13 +42,13 @@
 #include "../allocator.h"
 #include "../device_state.h"
 #include "../exec/executor.h"
-#include "../exec/fuser.h"
+#include "../exec/fusion_offer.h"
 #include "../exec/host_scalar.h"
 #include "../exec/host_views.h"
 #include "../exec/thread_count.h"
-#include "../memcheck.h"
-#include "../op_tracking.h"
-#include "kernels.h"
+#include "../sanitizers/memcheck.h"
+#include "../sanitizers/op_tracking.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 namespace {

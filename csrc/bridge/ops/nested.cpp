@@ -2,8 +2,8 @@
 // default) on `neuron`. Their CPU kernels work on the dense buffer through
 // ATen operators, so they run unchanged on a neuron buffer, each buffer
 // operation on the device: the NestedTensorPrivateUse1 key redispatches to
-// the NestedTensorCPU kernels, as a fallback and, for operators with a
-// composite that would otherwise take the key, as their kernel.
+// the NestedTensorCPU kernels, as the key's catch-all kernel (m.fallback) and,
+// for operators with a composite that would otherwise take the key, as their kernel.
 #include <ATen/NestedTensorImpl.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/nested/NestedTensorUtils.h>
@@ -15,8 +15,8 @@
 
 #include "../device_state.h"
 #include "../exec/host_views.h"
-#include "../memcheck.h"
-#include "kernels.h"
+#include "../sanitizers/memcheck.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 namespace {

@@ -5,7 +5,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 

@@ -12,7 +12,7 @@
 #include "../device_state.h"
 #include "../exec/executor.h"
 #include "../exec/host_views.h"
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 

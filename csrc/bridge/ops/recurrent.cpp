@@ -25,7 +25,7 @@
 #include <map>
 #include <mutex>
 
-#include "kernels.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 namespace {
@@ -396,7 +396,7 @@ std::tuple<Tensor, Tensor, Tensor> lstm_packed(const Tensor& data, const Tensor&
 }
 
 // The padded (`.input`) and packed (`.data`) overloads of one-hidden-state RNNs,
-// as kernels.h declares them.
+// as explicit_ops.h declares them.
 #define TORCHNEURON_ONE_HIDDEN_RNN_KERNELS(name, Cell)                                                              \
   std::tuple<Tensor, Tensor> name##_padded(const Tensor& input, const Tensor& hx, TensorList params, bool has_biases, \
                                            int64_t num_layers, double dropout_p, bool train, bool bidirectional,     \

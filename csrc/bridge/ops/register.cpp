@@ -1,11 +1,12 @@
-// Registration glue for `neuron` operators: explicit kernels (kernels.h) and
-// the executor (../exec/executor.h), PyTorch's boxed fallback for the key,
-// which runs every other ATen operator on the device.
+// Registration glue for `neuron` operators: explicit kernels (explicit_ops.h) and
+// the executor (../exec/executor.h), the key's catch-all kernel (registered
+// with PyTorch's m.fallback, which is not the synchronous fallback), which runs
+// every other ATen operator on the device.
 #include <torch/library.h>
 
 #include "../exec/executor.h"
-#include "../memcheck.h"
-#include "kernels.h"
+#include "../sanitizers/memcheck.h"
+#include "explicit_ops.h"
 
 namespace torchneuron::ops {
 namespace {

@@ -15,8 +15,8 @@
 #include "../allocator.h"
 #include "../device_state.h"
 #include "../exec/storage_resize.h"
-#include "../memcheck.h"
-#include "kernels.h"
+#include "../sanitizers/memcheck.h"
+#include "explicit_ops.h"
 
 namespace torchneuron {
 

@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
-#include "../runtime/memcheck.h"
-#include "allocator.h"
+#include "runtime/memcheck.h"
+#include "../allocator.h"
 
 namespace torchneuron::memcheck {
 

@@ -12,7 +12,7 @@
 #include "../exec/host_views.h"
 #include "../exec/launch.h"
 #include "../exec/thread_count.h"
-#include "../op_tracking.h"
+#include "../sanitizers/op_tracking.h"
 
 namespace torchneuron {
 namespace {

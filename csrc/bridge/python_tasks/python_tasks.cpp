@@ -38,8 +38,8 @@
 #include "../device_state.h"
 #include "../exec/host_views.h"
 #include "../exec/thread_count.h"
-#include "../memcheck.h"
-#include "../op_tracking.h"
+#include "../sanitizers/memcheck.h"
+#include "../sanitizers/op_tracking.h"
 
 namespace torchneuron {
 namespace {

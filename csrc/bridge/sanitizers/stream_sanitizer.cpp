@@ -1,5 +1,5 @@
-// The stream sanitizer's log (sanitizer.h).
-#include "sanitizer.h"
+// The stream sanitizer's log (stream_sanitizer.h).
+#include "stream_sanitizer.h"
 
 #include <mutex>
 #include <utility>

@@ -13,7 +13,7 @@
 #include <set>
 #include <tuple>
 
-#include "device_state.h"
+#include "../device_state.h"
 
 namespace torchneuron::memcheck {
 namespace {

@@ -1,4 +1,4 @@
-#include "fuser.h"
+#include "fusion_offer.h"
 
 #include <ATen/Context.h>
 
