@@ -5,7 +5,6 @@
 // (../kernels/exact_arithmetic.h); the other members call their ATen kernel
 // on views re-pointed at the piece.
 #include <ATen/Parallel.h>
-#include <ATen/TensorIterator.h>  // GRAIN_SIZE: the split unfused kernels use
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include "../exec/result_placement.h"
 #include "../exec/thread_count.h"
 #include "../kernels/vector_math.h"
+#include "cost_model.h"
 #include "fused_group.h"
 
 namespace torchneuron::fusion {
@@ -405,14 +405,14 @@ void FusedGroup::run() {
   // Nothing joined: one call over everything, as unfused, saves the pieces.
   if (members.size() == 1 && slots.empty()) return run_range(0, numel, numel, /*whole=*/true);
   // The thread ranges TensorIterator would use for one numel-long kernel.
-  const int64_t grain = at::internal::GRAIN_SIZE;
-  const int64_t threads = at::get_num_threads();
-  const int64_t tasks = (numel < grain || threads == 1) ? 1 : std::min(threads, (numel + grain - 1) / grain);
-  const int64_t chunk = (numel + tasks - 1) / tasks;
+  const auto [tasks, chunk] = split_of(numel);
   // Pieces of whole rows match unfused execution only if every thread starts
   // on a row; otherwise each member runs over everything in turn, as unfused.
   if (row > 0 && tasks > 1 && chunk % row != 0) return run_range(0, numel, numel, /*whole=*/true);
-  const int64_t piece = row == 0 ? kPiece : std::max<int64_t>(1, kPiece / row) * row;
+  const int64_t piece = piece_elements(*this, chunk);
+  // A piece inside a thread's range starts each member's vector loop where
+  // unfused execution does only at a multiple of every vector step.
+  if (piece < chunk && row % kVectorStep != 0) return run_range(0, numel, numel, /*whole=*/true);
   if (tasks == 1) return run_range(0, numel, piece);
   at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
     vector_math::MklOnThisThread sequential;  // library members, called inside this parallel region
