@@ -12,7 +12,7 @@ import torch.nn as nn
 
 import torchneuron
 
-from .common import CPU, NEURON, Config, median, timed
+from .common import CPU, NEURON, Config, fused_in_one_step, median, timed
 from .end_to_end import gpt_sizes
 
 import gpt_model as gm  # noqa: E402  (on sys.path via .common)
@@ -64,19 +64,7 @@ def lstm_cell_train(cfg: Config):
 
 
 WORKLOADS = {"transformer_block_train_step": block_train, "lstm_cell_train_step": lstm_cell_train}
-
-
-def fused_in_one_step(step) -> dict:
-    """What adaptive eager did in one step on neuron, after a first one (the
-    first call of each signature runs on its own, synchronously)."""
-    step()
-    torch.neuron.synchronize()
-    torchneuron.clear_op_tracking()
-    step()
-    torch.neuron.synchronize()
-    return {"fused_tasks_per_step": torchneuron._C._fused_groups(),
-            "fused_ops_per_step": sum(torchneuron.get_fused_ops().values()),
-            "elided_intermediates_per_step": torchneuron._C._elided_intermediates()}
+STEPS = len(WORKLOADS)
 
 
 def on_off_cpu(build, cfg: Config, warmup: int = 2) -> dict:

@@ -13,8 +13,8 @@ import torchneuron
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import gpt_model as gm  # noqa: E402
 
-from benchmarks.common import Config  # noqa: E402
-from benchmarks.fusion_workloads import block_train, fused_in_one_step, lstm_cell_train  # noqa: E402
+from benchmarks.common import Config, fused_in_one_step  # noqa: E402
+from benchmarks.fusion_workloads import block_train, lstm_cell_train  # noqa: E402
 
 
 def test_the_demo_step_fuses():

@@ -24,7 +24,8 @@
 // fusion happens exactly when the host runs ahead of the device.
 //
 // The fuser's files: planning.cpp (whether and how a call joins a group),
-// execution.cpp (running a group), fuser.cpp (the queue: merging, frees).
+// cost_model.cpp (whether joining pays, and the pieces' size), execution.cpp
+// (running a group), fuser.cpp (the queue: merging, frees).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,7 +41,7 @@
 namespace torchneuron::fusion {
 
 constexpr int64_t kVectorStep = 128;    // a multiple of every vector loop's step, in elements
-constexpr int64_t kPiece = 1 << 15;     // elements per piece: a multiple of kVectorStep
+constexpr int64_t kPiece = 1 << 15;     // elements per piece where pieces pay (cost_model.h): a multiple of kVectorStep
 constexpr int64_t kSlice = 1 << 10;     // elements per slice of exact members: their operands stay in L1
 constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
 
