@@ -41,14 +41,14 @@ int64_t pieces_per_thread(const FusedGroup& group, const Candidate* joining) {
 
 } // namespace
 
-// Measured by benchmarks/fusion_costs.py (its figures, their host and load:
-// benchmarks/RESULTS.md, "Fusion's cost model"), rounded.
+// Measured by benchmarks/fusion_costs.py, medians of its runs rounded (the
+// runs, their host and load: benchmarks/RESULTS.md, "Fusion's cost model").
 const Costs& costs() {
   static const Costs c{
-      /*task_s=*/10e-6,
-      /*piece_call_s=*/1e-6,
-      /*memory_bytes_per_s=*/15e9,
-      /*shared_bytes_per_s=*/40e9,
+      /*task_s=*/20e-6,
+      /*piece_call_s=*/0.35e-6,
+      /*memory_bytes_per_s=*/11e9,
+      /*shared_bytes_per_s=*/55e9,
       /*cache_bytes=*/512 << 10,
       /*shared_cache_bytes=*/32 << 20,
   };
