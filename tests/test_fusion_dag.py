@@ -1,7 +1,8 @@
 """Fused element-wise DAGs: operands reused, residual adds, values read by
 later members other than the next one (csrc/bridge/kernels/exact_arithmetic.h,
-`Held`). Fused on neuron, unfused on neuron and the CPU give the same bits,
-NaN payloads, infinities and signed zeros included."""
+`Held`); and groups over rows of any length (csrc/bridge/fusion/cost_model.h).
+Fused on neuron, unfused on neuron and the CPU give the same bits, NaN
+payloads, infinities and signed zeros included."""
 import pytest
 import torch
 
@@ -59,3 +60,28 @@ def test_dag_fused_equals_unfused_and_cpu_bitwise(name, dtype):
         assert f.stride() == c.stride()
         assert torch.equal(raw_bits(f), raw_bits(u)), f"{name}: fused differs from unfused"
         assert torch.equal(raw_bits(f), raw_bits(c)), f"{name}: fused differs from the CPU"
+
+
+@pytest.mark.parametrize("rows", [640, 8192], ids=["one_piece_per_thread", "pieces_whole_fallback"])
+def test_rows_of_any_length_fuse_bitwise(rows):
+    """A broadcast bias and a row-wise softmax over rows of 100 elements (not
+    a multiple of every vector step): one piece per thread when the working
+    set stays in cache, else member by member over everything."""
+    g = torch.Generator().manual_seed(2)
+    x, b = torch.randn(rows, 100, generator=g), torch.randn(100, generator=g)
+    program = lambda x, b: torch.softmax(x * 1.5 + b, -1) - 0.5
+    dx, db = x.to("neuron"), b.to("neuron")
+    program(dx, db)
+    torch.neuron.synchronize()
+    torchneuron.clear_op_tracking()
+    queue_busy_work(repeats=4)
+    fused = program(dx, db)
+    torch.neuron.synchronize()
+    assert torchneuron._C._fused_groups() >= 1
+    torchneuron._C._set_adaptive_eager(False)
+    try:
+        unfused = program(dx, db)
+    finally:
+        torchneuron._C._set_adaptive_eager(True)
+    assert torch.equal(raw_bits(fused), raw_bits(unfused))
+    assert torch.equal(raw_bits(fused), raw_bits(program(x, b)))
