@@ -55,6 +55,20 @@ def timed(fn: Callable[[], object], device: torch.device, *, wait: bool = True) 
     return elapsed
 
 
+def fused_in_one_step(step) -> dict:
+    """What adaptive eager did in one call of `step` on neuron, after a first
+    one (the first call of each signature runs on its own, synchronously): the
+    fuser's own counters."""
+    step()
+    torch.neuron.synchronize()
+    torchneuron.clear_op_tracking()
+    step()
+    torch.neuron.synchronize()
+    return {"fused_tasks_per_step": torchneuron._C._fused_groups(),
+            "fused_ops_per_step": sum(torchneuron.get_fused_ops().values()),
+            "elided_intermediates_per_step": torchneuron._C._elided_intermediates()}
+
+
 def median(xs) -> float:
     return float(statistics.median(xs))
 

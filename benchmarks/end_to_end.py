@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import torchneuron
 
-from .common import Config, compare
+from .common import NEURON, Config, compare, fused_in_one_step
 
 import gpt_model as gm  # noqa: E402  (on sys.path via .common)
 
@@ -213,22 +213,13 @@ def _repeat(build, k):
 
 def _fusion_off(build, cfg: Config, k: int, on: dict) -> dict:
     """The same step with adaptive eager off (same run, CPU re-timed beside
-    it), and what fusion did in one step with it on."""
-    step = build(torch.device("neuron"))
-    step()
-    torch.neuron.synchronize()
-    torchneuron.clear_op_tracking()
-    step()
-    torch.neuron.synchronize()
-    fused = {"fused_tasks_per_step": torchneuron._C._fused_groups(),
-             "fused_ops_per_step": sum(torchneuron.get_fused_ops().values()),
-             "elided_intermediates_per_step": torchneuron._C._elided_intermediates()}
+    it)."""
     torchneuron._C._set_adaptive_eager(False)
     try:
         off = compare(_repeat(build, k), cfg, warmup=1, per=k)
     finally:
         torchneuron._C._set_adaptive_eager(True)
-    return {**fused, "neuron_fusion_off_s": off["neuron_s"], "cpu_beside_fusion_off_s": off["cpu_s"],
+    return {"neuron_fusion_off_s": off["neuron_s"], "cpu_beside_fusion_off_s": off["cpu_s"],
             "fusion_speedup": off["neuron_s"] / on["neuron_s"]}
 
 
@@ -239,6 +230,7 @@ def run(cfg: Config, bar) -> dict:
     mc, tc = gpt_sizes(cfg)
     r["model"] = {"n_params": gm.count_parameters(gm.GPT(mc)), "batch": tc.batch_size, **vars(mc)}
     r.update(_fusion_off(gpt_train(cfg), cfg, k, r))
+    r.update(fused_in_one_step(gpt_train(cfg)(NEURON)))
     out["gpt_train_step"] = r
     bar.update(1)
 
@@ -246,6 +238,7 @@ def run(cfg: Config, bar) -> dict:
     r = compare(_repeat(resnet_train(cfg), k), cfg, warmup=1, per=k, repeats=cfg.pick(5, 2))
     s = resnet_sizes(cfg)
     r["model"] = {"n_params": sum(p.numel() for p in ResNet18(s["classes"], s["width"]).parameters()), **s}
+    r.update(fused_in_one_step(resnet_train(cfg)(NEURON)))
     out["resnet18_train_step"] = r
     bar.update(1)
 
@@ -254,12 +247,14 @@ def run(cfg: Config, bar) -> dict:
     s = word_lm_sizes(cfg)
     wl = WordLM(WORD_LM_RNN_TYPE, s["vocab"], s["emb"], s["hidden"], s["layers"])
     r["model"] = {"rnn_type": WORD_LM_RNN_TYPE, "n_params": sum(p.numel() for p in wl.parameters()), **s}
+    r.update(fused_in_one_step(word_lm_train(cfg, WORD_LM_RNN_TYPE)(NEURON)))
     out[WORD_LM_WORKLOAD] = r
     bar.update(1)
 
     tokens = cfg.pick(32, 2)
     r = compare(gpt_infer(cfg, tokens), cfg, warmup=1, per=tokens)
     r["tokens_per_sample"] = tokens
+    r.update(fused_in_one_step(gpt_infer(cfg, tokens)(NEURON)))  # per sample of `tokens` tokens
     out["gpt_infer_batch1_token"] = r
     bar.update(1)
     return out

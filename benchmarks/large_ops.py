@@ -85,6 +85,16 @@ def _cases(cfg: Config) -> dict:
             return run
         return make
 
+    def dag(d):
+        """An element-wise DAG: x read four times, a residual add, sigmoid
+        and tanh. Two arrays' worth of ideal bytes: x in, the result out."""
+        x = data(n, device=d)
+
+        def run():
+            y = ((x * 1.5 + 0.25).relu() * x).sigmoid() + x * 0.5
+            return torch.tanh(y) * 2 - x
+        return run
+
     cases = {f"add_{n // 2**20}M" if n >= 2**20 else f"add_{n}": (add, {"bytes": 3 * F32 * n})}
     for k in (4, 8):  # bytes: what a fully fused pass must move (two inputs, one output)
         # the members computed as ATen's kernels compute them (tanh is the CPU's, MKL's,
@@ -93,6 +103,8 @@ def _cases(cfg: Config) -> dict:
         cases[f"{CHAINS}{k}"] = (chain(k), {"bytes": 3 * F32 * n, "elements": n, "library": library})
         cases[f"{CHAINS}{k}_arithmetic"] = (chain(k, arithmetic=True),
                                             {"bytes": 3 * F32 * n, "elements": n, "library": []})
+    cases[f"{CHAINS}_dag"] = (dag, {"bytes": 2 * F32 * n, "elements": n,
+                                    "library": [torch.sigmoid] + [torch.tanh] * (not torchneuron._C._device_tanh())})
     for k in mm_sizes:
         cases[f"matmul_{k}"] = (mm(k), {"flops": 2 * k**3})
     cases["conv2d_resnet_layer2"] = (conv, {"flops": 2 * conv_b * 128 * conv_hw**2 * 128 * 9})
@@ -102,7 +114,7 @@ def _cases(cfg: Config) -> dict:
     return cases
 
 
-STEPS = 11 + 1  # cases in _cases, and the chains on the AVX2 path (run_avx2_path)
+STEPS = 12 + 1  # cases in _cases, and the chains on the AVX2 path (run_avx2_path)
 
 
 def _library_floor_s(fns, elements: int) -> float:
@@ -125,22 +137,24 @@ def _library_floor_s(fns, elements: int) -> float:
     return total / threads
 
 
-def _chain_against_triad(make, elements: int, library, repeats: int) -> dict:
+def _chain_against_triad(make, elements: int, nbytes: int, library, repeats: int) -> dict:
     """The fused chain's time against a triad over the same elements (the same
     ideal bytes), measured beside it repeat by repeat: the machine's bandwidth
     drifts by up to 2x within minutes, so limits.py's figure from the start of
     the run is no fair measure of a chain timed minutes later. Both are the
     best of three calls in a row, as limits.py times its triad: the first call
     after the cores sat idle runs slow (16M floats, chain8 after 0.2 s idle:
-    12.3 ms, then 11.0 and 10.6)."""
+    12.3 ms, then 11.0 and 10.6). A chain that moves fewer ideal bytes than
+    the triad's three arrays (the DAG's two) counts its own."""
     chain, beside = make(NEURON), triad(elements)
+    share = nbytes / (3 * F32 * elements)  # of the triad's bytes
     fractions, floors = [], []
     for _ in range(repeats):
         t_chain = min(timed(chain, NEURON) for _ in range(3))
         t_triad = min(timed(beside, CPU) for _ in range(3))
-        fractions.append(t_triad / t_chain)
+        fractions.append(share * t_triad / t_chain)
         if library:
-            floors.append(t_triad / _library_floor_s(library, elements))
+            floors.append(share * t_triad / _library_floor_s(library, elements))
     # The instruction set fusion's loops ran on (ATEN_CPU_CAPABILITY can force
     # a lower one) and the highest the host has.
     r = {"fraction_of_triad_alongside": median(fractions), "isa": torchneuron._C._isa(),
@@ -161,7 +175,7 @@ def run(cfg: Config, bar, limits: dict, only=None) -> dict:
         r = compare(make, cfg, warmup=2)
         if "library" in work:
             work = dict(work)
-            r.update(_chain_against_triad(make, work.pop("elements"), work.pop("library"), cfg.repeats))
+            r.update(_chain_against_triad(make, work.pop("elements"), work["bytes"], work.pop("library"), cfg.repeats))
         r.update(work)
         for dev in ("neuron", "cpu"):
             if "bytes" in work:

@@ -273,9 +273,15 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                          "carried over (detached), cross-entropy, gradient clipping at 0.25, SGD.\n")
         s.append("* `gpt_infer_batch1_token`: the GPT on one sequence, one forward per token, the next "
                  "token read back to the host (argmax + `.item()`): latency-bound.\n")
-        rows = [(n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}")
+        def fused(r):  # per step, or per token for token generation
+            if "fused_tasks_per_step" not in r:
+                return "-"
+            per = r.get("tokens_per_sample", 1)
+            return f"{r['fused_tasks_per_step'] / per:.3g} of {r['fused_ops_per_step'] / per:.3g} ops"
+        rows = [(n, fmt_time(r["cpu_s"]), fmt_time(r["neuron_s"]), f"{r['speed_vs_cpu']:.2f}", fused(r))
                 for n, r in e.items()]
-        s.append(_table(["workload", "CPU per step/token", "neuron per step/token", "neuron speed / CPU"], rows))
+        s.append(_table(["workload", "CPU per step/token", "neuron per step/token", "neuron speed / CPU",
+                         "fused tasks per step/token"], rows))
         g = e["gpt_train_step"]
         if "neuron_fusion_off_s" in g:
             s.append(f"\nAdaptive eager on the GPT step: fusion on {fmt_time(g['neuron_s'])}, off "
@@ -291,6 +297,19 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                              for n, r in res["end_to_end_avx2"].items()]))
         if "end_to_end.png" in plot_files:
             s.append("\n![end to end](end_to_end.png)\n")
+
+    if "fusion_workloads" in res:
+        s.append("## Adaptive eager in training\n")
+        s.append("A transformer block of the demo GPT (its activations: batch 32, context 64, d_model 128) "
+                 "and an LSTM cell written as its equations (batch 64, hidden 512, 8 steps), forward and "
+                 "backward (benchmarks/fusion_workloads.py). Fused tasks: in one step, from the fuser's "
+                 "counters. Times: medians of repeats interleaving fusion on, off and the CPU.\n")
+        rows = [(n, f"{r['fused_tasks_per_step']} of {r['fused_ops_per_step']} ops",
+                 str(r["elided_intermediates_per_step"]), fmt_time(r["neuron_s"]), fmt_time(r["neuron_fusion_off_s"]),
+                 f"{r['fusion_speedup']:.2f}", fmt_time(r["cpu_s"]), f"{r['speed_vs_cpu']:.2f}")
+                for n, r in res["fusion_workloads"].items()]
+        s.append(_table(["workload", "fused tasks per step", "never written", "neuron", "fusion off",
+                         "on / off speed", "CPU", "neuron speed / CPU"], rows))
 
     if "huggingface" in res:
         s.append(huggingface_markdown(res["huggingface"], "huggingface.png" in plot_files))

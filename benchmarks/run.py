@@ -25,12 +25,12 @@ import torch  # noqa: E402
 import torchneuron  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from benchmarks import (compiled, distributed, end_to_end, flex_attention, huggingface, large_ops,  # noqa: E402
-                        limits, lockin, memory, nki_kernels, profile_host, profiler, report, sanitizer, soak, tiny_ops,
-                        torchtitan_step)
+from benchmarks import (compiled, distributed, end_to_end, flex_attention, fusion_workloads, huggingface,  # noqa: E402
+                        large_ops, limits, lockin, memory, nki_kernels, profile_host, profiler, report, sanitizer, soak,
+                        tiny_ops, torchtitan_step)
 from benchmarks.common import Config, machine  # noqa: E402
 
-GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end,
+GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end, "fusion_workloads": fusion_workloads,
           "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "compiled": compiled,
           "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed,
           "sanitizer": sanitizer, "soak": soak, "flex_attention": flex_attention, "torchtitan": torchtitan_step}

@@ -54,9 +54,8 @@ def queue_busy_work(device: str = "neuron", repeats: int = 2) -> None:
 
 class FusableFrom:
     """Within this context, element-wise work of `numel` elements and more
-    fuses. By default only tensors of 1M elements and more do (smaller ones
-    stay in cache anyway); the logic is the same from 32K elements, which
-    keeps fuzzed programs fast."""
+    is offered to the fuser (by default from 32K elements, ATen's grain size;
+    the fuser's cost model then decides), whatever a test before it set."""
 
     def __init__(self, numel: int = 1 << 15):
         self.numel = numel

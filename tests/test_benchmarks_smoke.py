@@ -50,6 +50,10 @@ def test_benchmark_smoke_run(tmp_path):
     assert all(r["isa"]["path"] == "avx2" and r["speed_vs_cpu"] > 0 for r in avx2.values())
     assert set(res["end_to_end"]) == {"gpt_train_step", "resnet18_train_step", "lstm_lm_train_step",
                                       "gpt_infer_batch1_token"}
+    assert all(r["fused_tasks_per_step"] >= 0 for r in res["end_to_end"].values())
+    assert set(res["fusion_workloads"]) == {"transformer_block_train_step", "lstm_cell_train_step"}
+    assert all(r["neuron_s"] > 0 and r["neuron_fusion_off_s"] > 0 and r["cpu_s"] > 0
+               for r in res["fusion_workloads"].values())
     # end to end and compiled again on the AVX2 path, forced in a child where the host has AVX-512
     forced = res["machine"]["isa"]["path"] == "avx512"
     assert set(res.get("end_to_end_avx2", {})) == (set(res["end_to_end"]) if forced else set())
@@ -81,6 +85,7 @@ def test_benchmark_smoke_run(tmp_path):
 
     md = (tmp_path / "RESULTS.md").read_text()
     assert "Smoke run" in md and "Where the time goes" in md and "## torch.compile" in md
+    assert "## Adaptive eager in training" in md and "fused tasks per step/token" in md
     assert "NKI kernels on the emulator" in md and "## Hugging Face models" in md
     assert "## torch.distributed all_reduce" in md and "## Sanitizers' cost" in md and "## Soak" in md
     assert all(r["equal_results"] and r["neuron_s"] > 0 for r in res["distributed"]["all_reduce"]["sizes"].values())

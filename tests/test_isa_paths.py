@@ -1,8 +1,8 @@
 """The instruction-set levels of the device's own loops (csrc/bridge/kernels/isa.h):
 with ATEN_CPU_CAPABILITY forcing ATen's AVX2 or DEFAULT kernels, the device
 runs its AVX2 or portable loops, fused results still equal unfused ones bit
-for bit (a subset of the fusion tests, the fusion fuzzer and the fuzzer's
-fused path, each smaller than in CI's own run), float32 tanh, unfused and
+for bit (a subset of the fusion tests, the fused DAGs, the fusion fuzzer and
+the fuzzer's fused path, each smaller than in CI's own run), float32 tanh, unfused and
 fused, equals that level's CPU tanh on every 61st float, and the device's own
 tanh (TORCHNEURON_DEVICE_TANH=1) gives the same bits as on the host's own
 level."""
@@ -70,8 +70,9 @@ def test_forced_level_computes_fused_as_unfused_and_the_cpus_tanh(capability, pa
     _pytest({**env, "TORCHNEURON_DEVICE_TANH": "1"}, tanh + "::test_own_special_values",
             tanh + "::test_own_same_bits_every_way_it_runs")
     env.update(TORCHNEURON_FUSION_PROGRAMS="100", TORCHNEURON_FUZZ_PROGRAMS="40")
-    fusion = "fuzz or two_nan or library or casts or single_element or typical_chains"
-    _pytest(env, os.path.join(HERE, "test_fusion.py"), "-k", fusion)  # (-k filters every file named)
+    fusion = "fuzz or two_nan or library or casts or single_element or typical_chains or dag"
+    _pytest(env, os.path.join(HERE, "test_fusion.py"), os.path.join(HERE, "test_fusion_dag.py"),
+            "-k", fusion)  # (-k filters every file named)
     _pytest(env, tanh + "::test_the_cpus_bits_over_every_61st_float_unfused_and_fused",
             tanh + "::test_the_cpus_bits_for_special_values_and_every_way_it_runs",
             os.path.join(HERE, "fuzz", "test_fuzz.py") + "::test_fuzz[fused]")

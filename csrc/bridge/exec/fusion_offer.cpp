@@ -17,13 +17,13 @@ std::atomic<bool>& enabled_flag() {
   return flag;
 }
 
-std::atomic<int64_t> min_numel{1 << 20};
+std::atomic<int64_t> min_numel{kFusionFloor};
 std::atomic<Fuser> installed{nullptr};
 
 } // namespace
 
 int64_t min_fusable_numel() { return min_numel.load(std::memory_order_relaxed); }
-void set_min_fusable_numel(int64_t numel) { min_numel.store(std::max<int64_t>(numel, 1 << 15)); }
+void set_min_fusable_numel(int64_t numel) { min_numel.store(std::max<int64_t>(numel, kFusionFloor)); }
 
 bool adaptive_eager_enabled() {
   return enabled_flag().load(std::memory_order_relaxed) && !at::globalContext().deterministicAlgorithms();

@@ -24,10 +24,13 @@ struct ElementwiseCall {
   const OpPolicy* policy;          // of the operator the user called
 };
 
-// Work smaller than this many elements gains nothing from fusing (its
-// intermediates stay in cache anyway, and the pieces cost calls): callers skip
-// building a call below it. 1M elements by default; tests lower it to reach
-// the fusion logic with small tensors.
+// Callers offer the fuser calls of this many elements and more; whether one
+// joins a group, and how a group is cut, is the fuser's cost model's to say
+// (../fusion/cost_model.h). Smaller work takes the lean host path
+// (../ops/lean_path.cpp): below ATen's grain size a kernel runs on one thread
+// and its host cost is what bounds it. Settable upwards (benchmarks compare
+// sizes); never below kFusionFloor.
+constexpr int64_t kFusionFloor = 1 << 15;
 int64_t min_fusable_numel();
 void set_min_fusable_numel(int64_t numel);
 

@@ -5,7 +5,6 @@
 // (../kernels/exact_arithmetic.h); the other members call their ATen kernel
 // on views re-pointed at the piece.
 #include <ATen/Parallel.h>
-#include <ATen/TensorIterator.h>  // GRAIN_SIZE: the split unfused kernels use
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include "../exec/result_placement.h"
 #include "../exec/thread_count.h"
 #include "../kernels/vector_math.h"
+#include "cost_model.h"
 #include "fused_group.h"
 
 namespace torchneuron::fusion {
@@ -229,29 +229,31 @@ class RangeRun {
 
   static bool same(const Lane& a, const Lane& b) { return a.base == b.base && a.scratch == b.scratch; }
 
-  // Whether a member of [first, k) writes `lane`.
-  bool written_before(size_t first, size_t k, const Lane& lane) const {
-    for (size_t j = first; j < k; ++j)
-      if (same(lanes_[j].out, lane)) return true;
-    return false;
+  // The member of [first, k) that last wrote `lane`, or -1: what a member k
+  // reading `lane` reads (a slot serves intermediates in turn).
+  int last_writer(size_t first, size_t k, const Lane& lane) const {
+    for (size_t j = k; j-- > first;)
+      if (same(lanes_[j].out, lane)) return int(j);
+    return -1;
   }
 
-  // Whether a member after k, up to the run's end, reads k's result other than
-  // as the value just produced (within the chain [.., end)), before a member
-  // overwrites it (a slot serves intermediates in turn).
+  // Whether a member outside the chain [.., end), up to the run's end, reads
+  // k's result before a member overwrites it: members of the chain read it
+  // from registers or a held chunk.
   bool read_after(size_t k, size_t end, size_t end_run) const {
     for (size_t j = k + 1; j < end_run; ++j) {
       for (const Lane* lane : {&lanes_[j].self, &lanes_[j].other})
-        if (same(*lane, lanes_[k].out) && (j > k + 1 || j >= end)) return true;
+        if (same(*lane, lanes_[k].out) && j >= end) return true;
       if (same(lanes_[j].out, lanes_[k].out)) return false;
     }
     return false;
   }
 
   // Member k as a step of the chain starting at `first`, or false if it cannot
-  // be one: a library function other than sigmoid and the device's own tanh, two
-  // dtypes, a slot or memory that an earlier member of the chain writes read
-  // other than as the value just produced. Slots (in_slice: only this run
+  // be one: a library function other than sigmoid and the device's own tanh,
+  // two dtypes, a slot that holds more than the current slice. What an
+  // earlier member of the chain wrote, it reads as that member's value
+  // (Previous or Held), never from memory. Slots (in_slice: only this run
   // touches them) are read and written in place where members outside the
   // chain need them.
   bool chain_step(size_t first, size_t k, size_t end, size_t end_run, ChainStep& step) const {
@@ -268,7 +270,9 @@ class RangeRun {
         operand->kind = ChainOperand::Previous;
       else if (lane->step == 0)
         *operand = {ChainOperand::Single, lane->base};
-      else if (written_before(first, k, *lane) || (lane->scratch && !lane->in_slice))
+      else if (const int j = last_writer(first, k, *lane); j >= 0)
+        *operand = {ChainOperand::Held, nullptr, j - int(first)};
+      else if (lane->scratch && !lane->in_slice)
         return false;
       else
         *operand = {lane->scratch ? ChainOperand::Slice : ChainOperand::Memory, lane->base};
@@ -401,14 +405,14 @@ void FusedGroup::run() {
   // Nothing joined: one call over everything, as unfused, saves the pieces.
   if (members.size() == 1 && slots.empty()) return run_range(0, numel, numel, /*whole=*/true);
   // The thread ranges TensorIterator would use for one numel-long kernel.
-  const int64_t grain = at::internal::GRAIN_SIZE;
-  const int64_t threads = at::get_num_threads();
-  const int64_t tasks = (numel < grain || threads == 1) ? 1 : std::min(threads, (numel + grain - 1) / grain);
-  const int64_t chunk = (numel + tasks - 1) / tasks;
+  const auto [tasks, chunk] = split_of(numel);
   // Pieces of whole rows match unfused execution only if every thread starts
   // on a row; otherwise each member runs over everything in turn, as unfused.
   if (row > 0 && tasks > 1 && chunk % row != 0) return run_range(0, numel, numel, /*whole=*/true);
-  const int64_t piece = row == 0 ? kPiece : std::max<int64_t>(1, kPiece / row) * row;
+  const int64_t piece = piece_elements(*this, chunk);
+  // A piece inside a thread's range starts each member's vector loop where
+  // unfused execution does only at a multiple of every vector step.
+  if (piece < chunk && row % kVectorStep != 0) return run_range(0, numel, numel, /*whole=*/true);
   if (tasks == 1) return run_range(0, numel, piece);
   at::parallel_for(0, tasks, 1, [&](int64_t b, int64_t e) {
     vector_math::MklOnThisThread sequential;  // library members, called inside this parallel region

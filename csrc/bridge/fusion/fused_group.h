@@ -7,8 +7,9 @@
 // Results are bit-identical to unfused execution, by construction: each member
 // runs the same CPU kernel, on the same thread ranges that kernel would use
 // for the whole tensor (TensorIterator's split), cut into pieces that start
-// where its vector loop would anyway, so each element takes the same (vector
-// or scalar) code path. Operands are contiguous and cover the whole iteration
+// where its vector loop would anyway (the start of a thread's range, or a
+// multiple of every vector step after it), so each element takes the same
+// (vector or scalar) code path. Operands are contiguous and cover the whole iteration
 // space or broadcast over it as a row (a bias), a column (a row statistic) or
 // one element. A group that broadcasts or has a row-wise member is cut into
 // pieces of whole rows, which row-wise kernels compute row by row exactly as
@@ -23,7 +24,8 @@
 // fusion happens exactly when the host runs ahead of the device.
 //
 // The fuser's files: planning.cpp (whether and how a call joins a group),
-// execution.cpp (running a group), fuser.cpp (the queue: merging, frees).
+// cost_model.cpp (whether joining pays, and the pieces' size), execution.cpp
+// (running a group), fuser.cpp (the queue: merging, frees).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -38,7 +40,8 @@
 
 namespace torchneuron::fusion {
 
-constexpr int64_t kPiece = 1 << 15;     // elements per piece: a multiple of every vector step
+constexpr int64_t kVectorStep = 128;    // a multiple of every vector loop's step, in elements
+constexpr int64_t kPiece = 1 << 15;     // elements per piece where pieces pay (cost_model.h): a multiple of kVectorStep
 constexpr int64_t kSlice = 1 << 10;     // elements per slice of exact members: their operands stay in L1
 constexpr size_t kMaxMembers = 16;      // a bound on the fusion window
 

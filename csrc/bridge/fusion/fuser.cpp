@@ -7,6 +7,7 @@
 
 #include "../exec/op_policy.h"
 #include "../sanitizers/op_tracking.h"
+#include "cost_model.h"
 #include "fused_group.h"
 
 namespace torchneuron::fusion {
@@ -24,7 +25,9 @@ bool fuse(runtime::Stream& stream, ElementwiseCall& call) {
   const std::string& name = call.policy->task_name;
   bool merged = stream.amend_pending_tail([&](runtime::Task& tail) {
     auto* g = dynamic_cast<FusedGroup*>(tail.open.get());
-    if (!g || g->numel != c->numel || g->members.size() >= kMaxMembers || !g->compatible(c->operands)) return false;
+    if (!g || g->numel != c->numel || g->members.size() >= kMaxMembers || !g->compatible(c->operands) ||
+        !joining_pays(*g, *c))
+      return false;
     if (c->row != 0 && g->row != 0 && c->row != g->row) return false;
     if (c->row != 0) g->row = c->row;
     tail.name += "+" + name;

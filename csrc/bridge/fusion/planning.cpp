@@ -143,8 +143,8 @@ std::optional<std::pair<Cover, int64_t>> cover_of(const at::Tensor& t, c10::IntA
 // The tensor operands of a call and the row length its broadcasting needs
 // (0: none), or false if the call cannot fuse. Outputs are contiguous and all
 // of one shape; inputs match it or broadcast as a row, a column or a single
-// element. Rows must be a multiple of every vector step, so that pieces of
-// whole rows start each member's vector loop where unfused execution does.
+// element. (Rows of any length: FusedGroup::run cuts pieces inside a thread's
+// range only at rows that are a multiple of every vector step.)
 // A row-wise call's row length, with its dimension argument rewritten for
 // pieces of [rows, row] in `dims`; 0 if the call is not row-wise, -1 if it
 // is but cannot fuse.
@@ -211,7 +211,6 @@ bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::
   const c10::IntArrayRef full = out->sizes();
   numel = out->numel();
   row = rowwise;
-  if (row != 0 && row % 128 != 0) return false;
   std::vector<Operand> writes;
   for (const Use& u : uses) {
     const at::Tensor& t = *u.t;
@@ -224,7 +223,7 @@ bool collect_operands(ElementwiseCall& call, int64_t& numel, int64_t& row, std::
     if (!cover || (u.written && (cover->first == Cover::Single || (cover->first != Cover::Full && !rowwise))))
       return false;
     if (cover->second != 0) {
-      if ((row != 0 && row != cover->second) || cover->second % 128 != 0) return false;
+      if (row != 0 && row != cover->second) return false;
       row = cover->second;
     }
     auto p = reinterpret_cast<uintptr_t>(t.const_data_ptr());  // an address only: no copy-on-write materialising

@@ -55,22 +55,24 @@ struct SliceOperand {
 bool run_exact(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
 void run_with_aten(const ExactArithmetic& op, char* out, SliceOperand self, SliceOperand other, int64_t n);
 
-// A run of exact members that forms a chain: each member after the first
-// reads the value the one before it produced (`Previous`), plus at most one
-// other operand that no earlier member of the chain writes. run_chain then
-// keeps every value in registers, one chunk of elements at a time, and
-// reads and writes memory in one continuous pass, as a single ATen kernel
-// would, instead of one pass over an L1 slice per member.
+// A run of exact members that forms a chain, or more generally a DAG: each
+// member reads the value the one before it produced (`Previous`), a value an
+// earlier member of the chain produced (`Held`: operands reused, residual
+// adds), or operands that no member of the chain writes. run_chain then keeps
+// every value in registers or in a chunk-sized buffer in L1, one chunk of
+// elements at a time, and reads and writes memory in one continuous pass, as
+// a single ATen kernel would, instead of one pass over an L1 slice per member.
 struct ChainOperand {
-  enum Kind : uint8_t { None, Previous, Single, Memory, Slice } kind = None;
+  enum Kind : uint8_t { None, Previous, Held, Single, Memory, Slice } kind = None;
   // Single: the element; Memory: element 0 of the iteration space; Slice: a
   // scratch slot holding the current slice, from its first element.
   const char* data = nullptr;
+  int step = -1;  // Held: the chain's step that produced it
 };
 struct ChainStep {
   const ExactArithmetic* op;
   ChainOperand self, other;   // `other` None: unary, or op->scalar
-  char* out = nullptr;        // as a Memory or Slice operand; null: only the next step reads it
+  char* out = nullptr;        // as a Memory or Slice operand; null: only later steps read it
   bool out_in_slice = false;  // `out` is a scratch slot holding the current slice
   bool stream = false;        // `out` is written with non-temporal stores
 };
@@ -84,19 +86,21 @@ struct ChainProgram {
   enum class Code : uint8_t {
     LoadAcc, LoadArg, SplatAcc, SplatArg, ArgFromAcc, Check,
     Add, Sub, Mul, Div, Neg, Abs, Reciprocal, ClampLo, ClampHi, Sigmoid, Tanh, Hold, End,
-    AddLoaded, SubLoaded, MulLoaded, DivLoaded, AddSplat, SubSplat, MulSplat, DivSplat };
+    AddLoaded, SubLoaded, MulLoaded, DivLoaded, AddSplat, SubSplat, MulSplat, DivSplat,
+    AccFromHeld, ArgFromHeld };
   struct MicroOp {
     Code code;
     bool in_slice;      // `data` is a scratch slot holding the current slice
-    int8_t output;      // Hold: into outputs[output]
+    int8_t held;        // Hold: into held[held]; *FromHeld: from it
     double value;       // *Splat: the number; Clamp*: the bound (exact in the dtype)
     const char* data;   // Load*, *Loaded: element 0 of the iteration space, or of the slice
   };
   struct Output {
     char* data;
     bool in_slice, stream;
+    int8_t held;  // the held value it stores
   };
-  static constexpr size_t kMaxOutputs = 16;
+  static constexpr size_t kMaxHeld = 16;  // values held per chunk: a chain's members at most
   c10::ScalarType dtype = at::kFloat;
   std::vector<MicroOp> ops;
   std::vector<Output> outputs;

@@ -21,8 +21,18 @@ int64_t chain_chunk(c10::ScalarType dtype) {
 ChainProgram compile_chain(const std::vector<ChainStep>& steps) {
   ChainProgram program;
   const c10::ScalarType dtype = program.dtype = steps.front().op->dtype;
-  auto emit = [&](Code code, double value = 0, const ChainOperand* o = nullptr) {
-    ChainProgram::MicroOp op{code, false, int8_t(program.outputs.size()), value, nullptr};
+  // The held value (a chunk kept in L1 for the rest of the chunk's pass) of
+  // each step that later steps read as `Held` or that goes to memory.
+  std::vector<int8_t> held(steps.size(), -1);
+  int8_t holds = 0;
+  for (const ChainStep& step : steps)
+    for (const ChainOperand* o : {&step.self, &step.other})
+      if (o->kind == ChainOperand::Held && held[o->step] < 0) held[o->step] = holds++;
+  for (size_t k = 0; k < steps.size(); ++k)
+    if (steps[k].out && held[k] < 0) held[k] = holds++;
+  TORCH_INTERNAL_ASSERT(size_t(holds) <= ChainProgram::kMaxHeld, "compile_chain: too many held values");
+  auto emit = [&](Code code, double value = 0, const ChainOperand* o = nullptr, int8_t h = -1) {
+    ChainProgram::MicroOp op{code, false, h, value, nullptr};
     if (o) op.data = o->data, op.in_slice = o->kind == ChainOperand::Slice;
     program.ops.push_back(op);
   };
@@ -36,23 +46,30 @@ ChainProgram compile_chain(const std::vector<ChainStep>& steps) {
     return dtype == at::kFloat ? double(*reinterpret_cast<const float*>(o.data))
                                : *reinterpret_cast<const double*>(o.data);
   };
-  // An operand into acc or arg, from memory or broadcast; false if it is a
-  // number (then no element has two NaN operands).
-  auto place = [&](const ChainOperand& o, const ExactArithmetic& op, Code load, Code splat) {
+  // An operand into acc or arg, from memory, from a held value or broadcast;
+  // false if it is a number (then no element has two NaN operands).
+  auto place = [&](const ChainOperand& o, const ExactArithmetic& op, Code load, Code from_held, Code splat) {
     if (in_memory(o)) {
       emit(load, 0, &o);
+      return true;
+    }
+    if (o.kind == ChainOperand::Held) {
+      emit(from_held, 0, nullptr, held[o.step]);
       return true;
     }
     const double v = number(o, op);
     emit(splat, v);
     return std::isnan(v);
   };
-  for (const ChainStep& step : steps) {
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const ChainStep& step = steps[k];
     const ExactArithmetic& op = *step.op;
     const int binary = op.kind == Kind::Add ? 1 : op.kind == Kind::Sub ? 2 : op.kind == Kind::Mul ? 3
                      : op.kind == Kind::Div ? 4 : 0;  // and the op's place among the folded codes, plus one
-    const bool folds = binary && step.self.kind == ChainOperand::Previous && step.other.kind != ChainOperand::Previous &&
-                       (in_memory(step.other) || !std::isnan(number(step.other, op)));
+    const bool folds = binary && step.self.kind == ChainOperand::Previous &&
+                       (in_memory(step.other) || (step.other.kind != ChainOperand::Previous &&
+                                                  step.other.kind != ChainOperand::Held &&
+                                                  !std::isnan(number(step.other, op))));
     if (folds && in_memory(step.other)) {
       emit(Code(int(Code::AddLoaded) + binary - 1), 0, &step.other);
     } else if (folds) {
@@ -60,8 +77,10 @@ ChainProgram compile_chain(const std::vector<ChainStep>& steps) {
     } else {
       bool x_nan = true, y_nan = true;  // may this operand be NaN
       if (binary && step.other.kind == ChainOperand::Previous) emit(Code::ArgFromAcc);
-      if (step.self.kind != ChainOperand::Previous) x_nan = place(step.self, op, Code::LoadAcc, Code::SplatAcc);
-      if (binary && step.other.kind != ChainOperand::Previous) y_nan = place(step.other, op, Code::LoadArg, Code::SplatArg);
+      if (step.self.kind != ChainOperand::Previous)
+        x_nan = place(step.self, op, Code::LoadAcc, Code::AccFromHeld, Code::SplatAcc);
+      if (binary && step.other.kind != ChainOperand::Previous)
+        y_nan = place(step.other, op, Code::LoadArg, Code::ArgFromHeld, Code::SplatArg);
       if (binary && x_nan && y_nan) emit(Code::Check);
       switch (op.kind) {
         case Kind::Add: emit(Code::Add); break;
@@ -80,11 +99,8 @@ ChainProgram compile_chain(const std::vector<ChainStep>& steps) {
           break;
       }
     }
-    if (step.out) {
-      TORCH_INTERNAL_ASSERT(program.outputs.size() < ChainProgram::kMaxOutputs, "compile_chain: too many outputs");
-      emit(Code::Hold);
-      program.outputs.push_back({step.out, step.out_in_slice, step.stream});
-    }
+    if (held[k] >= 0) emit(Code::Hold, 0, nullptr, held[k]);
+    if (step.out) program.outputs.push_back({step.out, step.out_in_slice, step.stream, held[k]});
   }
   emit(Code::End);
   return program;

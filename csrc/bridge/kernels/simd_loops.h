@@ -225,6 +225,9 @@ void round_to_bf16_here(const float* src, uint16_t* dst, int64_t n) {
 // operation. A loop with a switch per
 // step made GCC spill the registers around the switch; threaded code keeps
 // them in registers. Labels as values are a GCC extension, which Clang has too.
+// A value that a later step reads again (a DAG: an operand reused, a residual
+// add) is held in a chunk-sized buffer, in L1, and read back into `acc` or
+// `arg` where it is needed.
 
 // Memory operands are prefetched this far ahead, a chunk's lines at a time:
 // a chain's compute fills the core's window, leaving few loads in flight.
@@ -287,8 +290,8 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
                                        &&add, &&sub, &&mul, &&div, &&neg, &&abs, &&reciprocal, &&clamp_lo,
                                        &&clamp_hi, &&sigmoid, &&tanh, &&hold, &&end, &&add_loaded, &&sub_loaded,
                                        &&mul_loaded, &&div_loaded, &&add_splat, &&sub_splat, &&mul_splat,
-                                       &&div_splat};
-  static_assert(sizeof(labels) / sizeof(labels[0]) == size_t(Code::DivSplat) + 1);
+                                       &&div_splat, &&acc_from_held, &&arg_from_held};
+  static_assert(sizeof(labels) / sizeof(labels[0]) == size_t(Code::ArgFromHeld) + 1);
   // A memory or scratch operand's chunk, prefetching ahead.
   auto load = [&](const ChainProgram::MicroOp& op, int64_t i) __attribute__((always_inline)) {
     const T* p = reinterpret_cast<const T*>(op.data) + (op.in_slice ? i - slice : i);
@@ -299,7 +302,9 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
     for (int k = 0; k < chain_vectors; ++k) q.v[k] = A::load(p + k * lanes);
     return q;
   };
-  Q held[ChainProgram::kMaxOutputs];  // results bound for memory, stored once the chunk is known to be exact
+  // Values later steps read (a DAG's reused ones) and results bound for
+  // memory, stored once the chunk is known to be exact: in L1.
+  Q held[ChainProgram::kMaxHeld];
   Q acc{}, arg{};
   typename A::Mask two_nans = A::none();
   const ChainProgram::MicroOp* pc = nullptr;
@@ -366,7 +371,13 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
     if constexpr (std::is_same_v<T, float>) acc = acc.map(A::tanh);
     TORCHNEURON_NEXT;
   hold:
-    held[pc->output] = acc;
+    held[pc->held] = acc;
+    TORCHNEURON_NEXT;
+  acc_from_held:
+    acc = held[pc->held];
+    TORCHNEURON_NEXT;
+  arg_from_held:
+    arg = held[pc->held];
     TORCHNEURON_NEXT;
   // acc op= a loaded operand, checked, or a number: `arg` is left alone.
 #define TORCHNEURON_FOLDED(name, F)                                                    \
@@ -393,7 +404,7 @@ int64_t run_chain_typed(const ChainProgram& program, int64_t slice, int64_t begi
       T* out = reinterpret_cast<T*>(o.data) + (o.in_slice ? i - slice : i);
       const bool stream = o.stream && reinterpret_cast<uintptr_t>(out) % sizeof(V) == 0;
 #pragma GCC unroll 16
-      for (int j = 0; j < chain_vectors; ++j) A::store(out + j * lanes, held[k].v[j], stream);
+      for (int j = 0; j < chain_vectors; ++j) A::store(out + j * lanes, held[o.held].v[j], stream);
     }
   }
 #undef TORCHNEURON_NEXT
