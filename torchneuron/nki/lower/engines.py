@@ -1,0 +1,228 @@
+"""Lowerings of the Vector and Scalar Engines' instructions: ``tensor_tensor``,
+``tensor_scalar``, ``scalar_tensor_tensor``, ``tensor_reduce``, ``activation``,
+``tensor_copy``, ``nc_transpose``, ``affine_select``, ``bn_stats``, ``bn_aggr``."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import isa as _isa
+from .. import ops as _ops
+from ..tensor import align_to
+from ..trace import View, _Nested
+from .lowerer import Decline, emit, lowering, style
+
+F32 = np.float32
+_errstate = np.errstate
+
+
+@lowering(_isa.tensor_tensor)
+def _tensor_tensor(lw, step):
+    dst, kw = style(step, [("data1", "T"), ("data2", "T"), ("op", "F")])
+    a, b = kw["data1"], kw["data2"]
+    if not isinstance(a, View) or not isinstance(b, View):
+        raise Decline("tensor_tensor")
+    f = _ops.resolve_binary(kw["op"])
+    ga, _, _ = lw.value(a)
+    gb, _, _ = lw.value(b)
+    sa, sb = tuple(lw.shape(a)), tuple(lw.shape(b))
+    shape = _ops.out_shape(np.empty(sa, np.bool_), np.empty(sb, np.bool_))
+    aa, ab = sa != shape, sb != shape
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        va, vb = ga(V, X), gb(V, X)
+        if aa:
+            va = align_to(va, shape)
+        if ab:
+            vb = align_to(vb, shape)
+        with _errstate(all="ignore"):
+            r = np.asarray(f(va, vb), dtype=F32)
+        put(V, X, r)
+    return op
+
+
+@lowering(_isa.nc_transpose)
+def _nc_transpose(lw, step):
+    dst, kw = style(step, [("data", "T")])
+    g, d, _ = lw.value(kw["data"])
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        v = g(V, X)
+        v = v.reshape(v.shape[0], -1)
+        put(V, X, np.ascontiguousarray(v.T))
+    return op
+
+
+@lowering(_isa.tensor_copy)
+def _tensor_copy(lw, step):
+    dst, kw = style(step, [("src", "T")])
+    src = kw["src"]
+    g, d, may_alias = lw.value(src)
+    put = emit(lw, step, dst, src.slot if may_alias else None)
+
+    def op(V, X, L):
+        put(V, X, g(V, X))
+    return op
+
+
+@lowering(_isa.affine_select)
+def _affine_select(lw, step):
+    if (step.args and isinstance(step.args[0], View)) or "dst" in step.kwargs:
+        raise Decline("dst form")
+    kw = dict(step.kwargs)
+    for n, a in zip(["pred", "on_true_tile", "on_false_value"], step.args):
+        kw[n] = a
+    if kw.get("mask") is not None or isinstance(kw["pred"], (View, _Nested)):
+        raise Decline("affine_select")
+    t = kw["on_true_tile"]
+    g, d, _ = lw.value(t)
+    pred = align_to(np.asarray(kw["pred"], dtype=bool), tuple(lw.shape(t)))
+    fv = F32(kw["on_false_value"])
+    put = lw.produce(step)
+
+    def op(V, X, L):
+        put(V, X, np.where(pred, g(V, X), fv))
+    return op
+
+
+@lowering(_isa.tensor_reduce)
+def _tensor_reduce(lw, step):
+    dst, kw = style(step, [("op", "F"), ("data", "T"), ("axis", "A")])
+    data = kw["data"]
+    g, d, _ = lw.value(data)
+    ndim = len(lw.shape(data))
+    axes = _ops.normalize_axis(kw.get("axis"), ndim)
+    f = _ops.resolve_binary(kw["op"])
+    if not isinstance(f, np.ufunc):
+        raise Decline("reduction op")
+    keepdims, negate = kw.get("keepdims", False), kw.get("negate", False)
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        with _errstate(all="ignore"):
+            r = f.reduce(g(V, X), axis=axes, keepdims=keepdims)
+        if negate:
+            r = -r
+        put(V, X, np.asarray(r, dtype=F32))
+    return op
+
+
+@lowering(_isa.activation)
+def _activation(lw, step):
+    dst, kw = style(step, [("op", "F"), ("data", "T"), ("bias", "A"), ("scale", "A")])
+    f = _ops.resolve_unary(kw["op"])
+    data = kw["data"]
+    g, d, may_alias = lw.value(data)
+    vshape = tuple(lw.shape(data))
+    scale = kw.get("scale", 1.0)
+    gs = None
+    if not (isinstance(scale, (int, float)) and scale == 1.0):
+        gs, _, ss = lw.operand(scale)
+        s_align = bool(ss)
+        may_alias = False
+    bias = kw.get("bias")
+    gb = None
+    if bias is not None:
+        gb, _, _ = lw.operand(bias)
+        may_alias = False
+    reduce_res = kw.get("reduce_res")
+    wr = None
+    if reduce_res is not None:
+        if kw.get("reduce_cmd") not in (None, _isa.reduce_cmd.reset_reduce):
+            raise Decline("accumulation register")
+        rop = kw.get("reduce_op")
+        rf = _ops.resolve_binary(rop if rop is not None else np.add)
+        if not isinstance(rf, np.ufunc):
+            raise Decline("reduction op")
+        rshape = tuple(lw.shape(reduce_res))
+        wr = lw.writer(reduce_res)
+    if f is not _ops.UNARY["copy"] and f is not _ops.UNARY["identity"]:
+        may_alias = False
+    put = emit(lw, step, dst, data.slot if may_alias else None)
+
+    def op(V, X, L):
+        x = g(V, X)
+        if gs is not None:
+            s = gs(V, X)
+            x = x * (align_to(s, vshape) if s_align else s)
+        if gb is not None:
+            x = x + align_to(gb(V, X), vshape)
+        with _errstate(all="ignore"):
+            out = np.asarray(f(x.astype(F32, copy=False)), dtype=F32)
+        if wr is not None:
+            partial = rf.reduce(out, axis=tuple(range(1, out.ndim)), keepdims=True).reshape(out.shape[0], 1)
+            wr(V, align_to(partial, rshape))
+        put(V, X, out)
+    return op
+
+
+@lowering(_isa.tensor_scalar)
+def _tensor_scalar(lw, step):
+    dst, kw = style(step, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("reverse0", "A"),
+                            ("op1", "F"), ("operand1", "A"), ("reverse1", "A")])
+    data = kw["data"]
+    g, d, _ = lw.value(data)
+    dshape = tuple(lw.shape(data))
+    stages = []
+    for i in ("0", "1"):
+        op_ = kw.get("op" + i)
+        if op_ is None:
+            if i == "0":
+                raise Decline("tensor_scalar")
+            break
+        go, _, so = lw.operand(kw["operand" + i])
+        stages.append((_ops.resolve_binary(op_), go, bool(so), bool(kw.get("reverse" + i, False))))
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        r = g(V, X)
+        for f, go, align, rev in stages:
+            o = go(V, X)
+            if align:
+                o = align_to(o, r.shape)
+            with _errstate(all="ignore"):
+                r = np.asarray(f(o, r) if rev else f(r, o), dtype=F32)
+        put(V, X, r)
+    return op
+
+
+@lowering(_isa.scalar_tensor_tensor)
+def _scalar_tensor_tensor(lw, step):
+    dst, kw = style(step, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("op1", "F"),
+                            ("operand1", "T"), ("reverse0", "A"), ("reverse1", "A")])
+    g, _, _ = lw.value(kw["data"])
+    g0, _, s0 = lw.operand(kw["operand0"])
+    g1, _, s1 = lw.operand(kw["operand1"])
+    stages = [(_ops.resolve_binary(kw["op0"]), g0, bool(s0), bool(kw.get("reverse0", False))),
+              (_ops.resolve_binary(kw["op1"]), g1, bool(s1), bool(kw.get("reverse1", False)))]
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        r = g(V, X)
+        o = [go(V, X) for _, go, _, _ in stages]  # operands are read before computing
+        for (f, _, align, rev), o_ in zip(stages, o):
+            if align:
+                o_ = align_to(o_, r.shape)
+            with _errstate(all="ignore"):
+                r = np.asarray(f(o_, r) if rev else f(r, o_), dtype=F32)
+        put(V, X, r)
+    return op
+
+
+def _per_row(fn):
+    """The lowering of an instruction that maps each row of its (2-D) data."""
+    def lower(lw, step):
+        dst, kw = style(step, [("data", "T")])
+        g, _, _ = lw.value(kw["data"])
+        put = emit(lw, step, dst)
+
+        def op(V, X, L):
+            v = g(V, X)
+            put(V, X, fn(v.reshape(v.shape[0], -1)))
+        return op
+    return lower
+
+
+lowering(_isa.bn_stats)(_per_row(_isa.bn_stats_of))
+lowering(_isa.bn_aggr)(_per_row(_isa.bn_aggr_of))
