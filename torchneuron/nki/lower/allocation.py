@@ -1,14 +1,19 @@
-"""Lowerings of new buffers: ``nl.ndarray``, ``zeros``, ``ones``, ``full``."""
+"""Lowerings of new buffers and fills: ``nl.ndarray`` (any memory), ``zeros``, ``ones``, ``full``,
+``nisa.memset``."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import dtypes as _dt
+from .. import isa as _isa
 from .. import language as _nl
 from ..machine import Buffer, new_storage, reused_storage
 from ..tensor import align_to
+from ..trace import View
 from .lowerer import Decline, bound, instruction_of, lowering, single_bind
-from .program import _view
+from .program import view_of
+
+F32 = np.float32
 
 
 @lowering(_nl.ndarray)
@@ -42,12 +47,10 @@ def _ndarray(lw, step):
                 data = new_storage(shape, dt, L.debug)
             X[-1][slot] = data
             for vid, kind, vshape, off, strides in views:
-                V[vid] = _view(data, kind, vshape, off, strides)
+                V[vid] = view_of(data, kind, vshape, off, strides)
         return op
-    if not buffer.on_chip:
-        raise Decline("private HBM")
     slot = single_bind(step)
-    w = lw.new_onchip(slot)
+    w = lw.new_preallocated(slot)
     shape, dt, _, _ = lw.meta[slot]
     template = new_storage(tuple(shape), dt, lw.debug)
 
@@ -64,7 +67,7 @@ def _full(lw, step):
     if isinstance(fill, np.ndarray) or not _nl._buffer(a["buffer"]).on_chip:
         raise Decline("full")
     slot = single_bind(step)
-    w = lw.new_onchip(slot)
+    w = lw.new_preallocated(slot)
     shape, dt, _, st = lw.meta[slot]
     vals = align_to(np.float32(fill), tuple(shape))
     if vals.dtype != st or dt is _dt.tfloat32:
@@ -76,4 +79,37 @@ def _full(lw, step):
 
     def op(V, X, L):
         np.copyto(V[w], template)
+    return op
+
+
+@lowering(_isa.memset)
+def _memset(lw, step):
+    kw = dict(step.kwargs)
+    if not ((step.args and isinstance(step.args[0], View)) or "dst" in kw):
+        # beta 1: memset(shape, value, dtype), a new tile
+        names = ["shape", "value", "dtype"]
+        kw.update(zip(names, step.args))
+        if set(kw) - set(names) or not isinstance(kw.get("value"), (int, float, np.number)):
+            raise Decline("memset")
+        vals = np.full(tuple(kw["shape"]), kw["value"], dtype=F32)
+        put = lw.produce(step)
+
+        def op(V, X, L):
+            put(V, X, vals)
+        return op
+    args = list(step.args)
+    dst = kw.pop("dst") if "dst" in kw else args.pop(0)
+    kw.update(zip(["value"], args))
+    value = kw.pop("value", None)
+    if kw or len(args) > 1 or not isinstance(dst, View) or not lw.on_chip(dst) \
+            or not isinstance(value, (int, float, np.number)):
+        raise Decline("memset")
+    shape = tuple(lw.shape(dst))
+    _, dt, _, _ = lw.meta[dst.slot]
+    # the interpreter's values, made once
+    vals = (np.full(shape, value, dtype=np.float64).astype(F32) if _dt.is_float(dt) else np.full(shape, value))
+    w = lw.writer(dst)
+
+    def op(V, X, L):
+        w(V, vals)
     return op

@@ -7,7 +7,7 @@ import os
 
 from .. import isa as _isa
 from .. import language as _nl
-from ..tensor import assign as _assign_op
+from ..tensor import NkiTensor as _NkiTensor, assign as _assign_op
 from ..trace import View, _Nested, _WHOLE, _STRIDED
 # the instruction families register their lowerings when imported
 from . import allocation, arithmetic, engines, matmul, movement  # noqa: F401
@@ -69,14 +69,17 @@ def _read_only_inputs(program):
     step writes one (only the DMA instructions and assignment can write HBM), else none."""
     global _HBM_WRITERS
     if _HBM_WRITERS is None:
-        _HBM_WRITERS = {instruction_of(_nl.store), instruction_of(_isa.dma_copy), instruction_of(_isa.dma_transpose), instruction_of(_assign_op)}
-    written = set()
+        _HBM_WRITERS = {instruction_of(f) for f in (_nl.store, _isa.dma_copy, _isa.dma_transpose, _assign_op)}
+    reinterpreting = {instruction_of(_NkiTensor.ap), instruction_of(_NkiTensor.view)}
+    root, written = {}, set()  # (a write through a reinterpretation writes the memory it views)
     for _, steps in program.instances:
         for step in steps:
-            if step.fn in _HBM_WRITERS:
+            if step.fn in reinterpreting and step.binds and step.args and isinstance(step.args[0], View):
+                root[step.binds[0][1]] = root.get(step.args[0].slot, step.args[0].slot)
+            elif step.fn in _HBM_WRITERS:
                 dst = step.kwargs.get("dst", step.args[0] if step.args else None)
                 if isinstance(dst, View):
-                    written.add(dst.slot)
+                    written.add(root.get(dst.slot, dst.slot))
                 elif isinstance(dst, _Nested) or dst is None:
                     written.update(range(program.n_inputs))
     # a written argument may share memory with any other (the caller's arrays

@@ -1,6 +1,7 @@
 """Lowerings of the Vector and Scalar Engines' instructions: ``tensor_tensor``,
 ``tensor_scalar``, ``scalar_tensor_tensor``, ``tensor_reduce``, ``activation``,
-``tensor_copy``, ``nc_transpose``, ``affine_select``, ``bn_stats``, ``bn_aggr``."""
+``tensor_copy``, ``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``bn_stats``,
+``bn_aggr``."""
 from __future__ import annotations
 
 import numpy as np
@@ -226,3 +227,30 @@ def _per_row(fn):
 
 lowering(_isa.bn_stats)(_per_row(_isa.bn_stats_of))
 lowering(_isa.bn_aggr)(_per_row(_isa.bn_aggr_of))
+
+
+@lowering(_isa.nc_stream_shuffle)
+def _nc_stream_shuffle(lw, step):
+    kw = dict(step.kwargs)
+    for n, a in zip(["dst", "src", "shuffle_mask"], step.args):
+        if n in kw:
+            raise Decline("arguments")
+        kw[n] = a
+    dst, src = kw.pop("dst", None), kw.pop("src", None)
+    shuffle = [int(m) for m in kw.pop("shuffle_mask", ())]
+    if kw or len(step.args) > 3 or not isinstance(dst, View) or not isinstance(src, View):
+        raise Decline("nc_stream_shuffle")
+    # the partitions each destination partition receives (as the interpreter
+    # picks them: the recording checked the mask and the bounds)
+    dshape, sshape = tuple(lw.shape(dst)), tuple(lw.shape(src))
+    rows = np.arange(dshape[0])
+    picked = np.asarray(shuffle)[rows % _isa.QUADRANT]
+    keep = picked == _isa.SHUFFLE_KEEP
+    source_rows = np.minimum((rows // _isa.QUADRANT) * _isa.QUADRANT + np.where(keep, 0, picked), sshape[0] - 1)
+    rg = lw.raw(src)
+    w = lw.masked_writer(dst, (~keep).reshape((-1,) + (1,) * (len(dshape) - 1)))
+
+    def op(V, X, L):
+        vals = rg(V).reshape(sshape[0], -1)
+        w(V, vals[source_rows].reshape(dshape))
+    return op

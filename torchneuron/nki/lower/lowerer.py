@@ -15,6 +15,7 @@ from .. import ops as _ops
 from ..machine import Buffer
 from ..tensor import align_to
 from ..trace import View, _WHOLE, _STRIDED, _GATHER
+from .program import view_of
 
 F32 = np.float32
 
@@ -56,8 +57,9 @@ class Lowerer:
         self.exact = {}                # slot -> holds an instruction's float32 result
         self.cur = {}                  # slot -> LazyStore of a result whose storage is lazy
         self.alias = {}                # result slot -> slot whose storage its float32 value copies
-        self.phys_of = {}              # live on-chip slot -> physical buffer
+        self.phys_of = {}              # live preallocated slot (on chip, or a kernel's own HBM scratch) -> physical buffer
         self.phys_of_all = {}
+        self.root = {}                 # slot reinterpreting another's memory (.ap(dtype=), .view()) -> the slot it views
         self.phys = []
         self.free_phys = {}            # (shape, dtype) -> [phys]
         self.hbm_slots = set(range(program.n_inputs))
@@ -210,11 +212,17 @@ class Lowerer:
             raise Decline("operand kind")
         return (lambda V, X: c), None, ()
 
+    def sharing(self, slot):
+        """The slots over ``slot``'s memory: itself, what it reinterprets and what reinterprets it."""
+        root = self.root.get(slot, slot)
+        return {root, *(a for a, r in self.root.items() if r == root)}
+
     def written(self, view):
         """Bookkeeping of a write into ``view`` (``NkiTensor.write``)."""
         s = view.slot
+        same_memory = self.sharing(s) if self.root else (s,)
         for r, src in self.alias.items():
-            if src == s and self.exact.get(r):
+            if src in same_memory and self.exact.get(r):
                 # the interpreter's result would see this write (it shares the storage)
                 raise Decline("a result aliasing this tile's storage is still live")
         hbm = not self.meta[s][2].on_chip
@@ -255,6 +263,38 @@ class Lowerer:
             else:
                 self._region(flags, view)[...] = True
 
+    def masked_writer(self, view, mask):
+        """Closure w(V, values) doing ``NkiTensor.write(values, mask)`` with a mask known when
+        lowering (elements outside it keep what they hold)."""
+        shape = tuple(self.shape(view))
+        mask = np.broadcast_to(np.asarray(mask, dtype=bool), shape)
+        if mask.all():
+            return self.writer(view)
+        if view.slot in self.pv or view.slot in self.cover:
+            raise Decline("masked write into PSUM or a new HBM tensor")  # (validity per element)
+        v = self.vid(view)
+        _, dt, _, st = self.meta[view.slot]
+        tf32 = dt is _dt.tfloat32
+        from_compute = _dt.from_compute
+        self.touch_storage(view.slot)  # what the mask leaves is read
+        self.written(view)
+        if view.kind == _GATHER:
+            key = view.key[mask]
+
+            def wg(V, vals):
+                vals = align_to(vals, shape)
+                if vals.dtype != st or tf32:
+                    vals = from_compute(vals, dt)
+                V[v][key] = np.broadcast_to(vals, shape)[mask]
+            return wg
+
+        def w(V, vals):
+            vals = align_to(vals, shape)
+            if vals.dtype != st or tf32:
+                vals = from_compute(vals, dt)
+            np.copyto(V[v], vals, where=mask)
+        return w
+
     def writer(self, view):
         """Closure w(V, values) doing ``NkiTensor.write(values)`` (no mask) into ``view``."""
         v = self.vid(view)
@@ -293,10 +333,13 @@ class Lowerer:
         return w
 
     # -------------------------------------------------------- new buffers
-    def new_onchip(self, slot):
+    def new_preallocated(self, slot):
+        """A new buffer held in a physical buffer preallocated with the lowered program: an
+        on-chip tile, or a kernel's own HBM scratch (``private_hbm``, ``hbm``); returns the
+        vid of its whole view."""
         shape, _, buffer, st = self.meta[slot]
-        if not buffer.on_chip:
-            raise Decline("not on chip")
+        if not (buffer.on_chip or buffer in (Buffer.private_hbm, Buffer.hbm)):
+            raise Decline("buffer")
         key = (tuple(shape), st)
         free = self.free_phys.get(key)
         if free:
@@ -315,13 +358,43 @@ class Lowerer:
         self.fwd.pop(slot, None)
         self.alias.pop(slot, None)
         p = self.phys_of.pop(slot, None)
-        if p is not None:
+        # (a buffer is free when neither its tile nor a reinterpretation of it is live)
+        if p is not None and p not in self.phys_of.values():
             self.free_phys.setdefault(self.phys[p], []).append(p)
+
+    def reinterpret(self, step, source, flat):
+        """``.ap(dtype=)`` (``flat``) or ``.view(dtype)``: the step's new slot is ``source``'s
+        memory seen as another dtype. Returns the step's closure, which builds the new slot's
+        views over that memory at each launch."""
+        slot, s = single_bind(step), source.slot
+        if s not in self.meta or self.meta[s][2] is Buffer.psum or self.exact.get(s):
+            # (the interpreter keeps a result's float32 values and PSUM validity per buffer:
+            # a write through the reinterpretation would not reach them)
+            raise Decline("reinterpreting PSUM or an instruction's result")
+        self.touch_storage(s)
+        c = self.cover.get(s)
+        if c is not None:
+            c[1] = True  # its elements may be read through the reinterpretation before written
+        self.root[slot] = self.root.get(s, s)
+        self.exact[slot] = False
+        p = self.phys_of.get(s)
+        if p is not None:
+            self.phys_of[slot] = p  # keeps the memory from reuse while this slot is live
+        base = self.whole(s)
+        st = self.meta[slot][3]
+        views = self.slot_views.setdefault(slot, [])
+
+        def op(V, X, L):
+            data = V[base]
+            data = data.reshape(-1).view(st) if flat else data.view(st)
+            for vid, kind, shape, off, strides in views:
+                V[vid] = view_of(data, kind, shape, off, strides)
+        return op
 
     def produce(self, step, values_may_alias=None):
         """``ops.result``: the step's new tile holds a float32 result.  Returns put(V, X, values)."""
         slot = single_bind(step)
-        whole = self.new_onchip(slot)
+        whole = self.new_preallocated(slot)
         _, dt, _, st = self.meta[slot]
         d = LazyStore()
         self.cur[slot] = d

@@ -29,7 +29,7 @@ def _load(lw, step, transpose):
         lw.touch_storage(src.slot)
     g = lw.raw(src)
     slot = single_bind(step)
-    w = lw.new_onchip(slot)
+    w = lw.new_preallocated(slot)
     _, dt, _, st = lw.meta[slot]
     same = lw.meta[src.slot][3] == st and dt is not _dt.tfloat32
     from_compute = _dt.from_compute
@@ -145,9 +145,18 @@ def _dma_copy(lw, step):
 @lowering(_NkiTensor.ap)
 def _ap(lw, step):
     # an access pattern over the same buffer is only a view: later steps
-    # record it as one; with dtype= it would be a second buffer sharing memory
-    if step.kwargs.get("dtype") is not None or not isinstance(step.args[0], View):
-        raise Decline("ap with dtype")
-    if step.binds:
+    # record it as one; with dtype= it is a second buffer over the same memory
+    if not isinstance(step.args[0], View):
         raise Decline("ap")
-    return None
+    if step.kwargs.get("dtype") is None:
+        if step.binds:
+            raise Decline("ap")
+        return None
+    return lw.reinterpret(step, step.args[0], flat=True)
+
+
+@lowering(_NkiTensor.view)
+def _view_dtype(lw, step):
+    if len(step.args) != 2 or step.kwargs or not isinstance(step.args[0], View):
+        raise Decline("view")
+    return lw.reinterpret(step, step.args[0], flat=False)

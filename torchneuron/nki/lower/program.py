@@ -18,7 +18,7 @@ def strided_view(data, shape, offset, strides):
     return np.ndarray(shape, u, data.view(u), offset, strides).view(data.dtype)
 
 
-def _view(data, kind, shape, off, strides):
+def view_of(data, kind, shape, off, strides):
     """View-table entry: the storage, a strided view of it, or (gathered views) its flat form."""
     if kind == _WHOLE:
         return data
@@ -45,7 +45,7 @@ class FastProgram:
         bufs = [np.empty(shape, dt) for shape, dt in self.phys]
         V = [None] * self.n_views + [{}]  # and, last, what a launch leaves for the next (Lowerer.gemm_operand)
         for vid, p, kind, shape, off, strides in self.onchip:
-            V[vid] = _view(bufs[p], kind, shape, off, strides)
+            V[vid] = view_of(bufs[p], kind, shape, off, strides)
         return V
 
     def replay(self, launch, inputs, slot_meta):
@@ -60,7 +60,7 @@ class FastProgram:
                 data = inputs[slot]._alloc.data
                 H[slot] = data
                 for vid, kind, shape, off, strides in views:
-                    V[vid] = _view(data, kind, shape, off, strides)
+                    V[vid] = view_of(data, kind, shape, off, strides)
             X.append(H)  # HBM storage by slot, for the result (X[-1])
             for k, ops in enumerate(self.instances):
                 i = 0

@@ -1,0 +1,150 @@
+"""Lowered replay of what the NKI Library's kernels use: ``nisa.memset``, a kernel's own
+HBM scratch (``private_hbm``), memory reinterpreted as another dtype (``.ap(dtype=)``,
+``.view(dtype)``, read and written through) and ``nisa.nc_stream_shuffle``.
+
+Each kernel is written here in the library's style; its replays must be lowered and
+bit-identical to interpreting it, on new data at every call.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+
+P, F = 128, 512
+
+
+def same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def check_lowered(fn, make_args, calls=3, **options):
+    """``fn`` replayed (lowered) against ``fn`` interpreted, on new arguments at every call."""
+    cached, interpreted = nki.jit(fn, **options), nki.jit(fn, trace_cache=False, **options)
+    for _ in range(calls):
+        args = make_args()
+        out = cached(*[a.copy() for a in args])
+        expected = interpreted(*args)
+        for o, e in zip(out if isinstance(out, tuple) else (out,), expected if isinstance(expected, tuple)
+                        else (expected,)):
+            same_bits(o, e)
+    info = cached.cache_info()
+    assert (info["replays"], info["lowered"]) == (calls - 1, 1), info
+    return cached
+
+
+def row_sums_with_memset(x):
+    """Per-partition sums of bf16 column blocks into a float32 accumulator zeroed by memset;
+    a bf16 tile filled by memset and one of its columns overwritten (a partial fill)."""
+    out = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=acc, value=0.0)
+    for i in range(F // 128):
+        t = nl.ndarray((P, 128), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x[:, i * 128:(i + 1) * 128])
+        part = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_reduce(dst=part, op=nl.add, data=t, axis=1)
+        nisa.tensor_tensor(dst=acc, data1=acc, data2=part, op=nl.add)
+    pair = nl.ndarray((P, 2), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.memset(pair, 0.1)
+    nisa.memset(dst=pair[:, 1:2], value=-3)
+    both = nl.ndarray((P, 2), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=both, data1=pair, data2=acc, op=nl.multiply)
+    nisa.dma_copy(dst=out, src=both)
+    return out
+
+
+def counts_with_integer_memset(x):
+    """An int32 tile set by memset, then incremented where x is positive."""
+    out = nl.ndarray((P, 64), dtype=nl.int32, buffer=nl.shared_hbm)
+    n = nl.ndarray((P, 64), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=n, value=7)
+    t = nl.ndarray((P, 64), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    pos = nl.ndarray((P, 64), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=pos, data=t, op0=nl.greater, operand0=0.0)
+    nisa.tensor_tensor(dst=n, data1=n, data2=pos, op=nl.add)
+    nisa.dma_copy(dst=out, src=n)
+    return out
+
+
+def staged_through_private_hbm(x):
+    """Data staged through the kernel's own HBM scratch (written in two halves, read back
+    whole), then scaled; a second scratch tensor is read before it is written."""
+    out = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.shared_hbm)
+    scratch = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.private_hbm)
+    nisa.dma_copy(dst=scratch[:, :F // 2], src=x[:, :F // 2])
+    nisa.dma_copy(dst=scratch[:, F // 2:], src=x[:, F // 2:])
+    unset = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.private_hbm)
+    t = nl.ndarray((P, F), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=scratch)
+    u = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=u, src=unset)
+    r = nl.ndarray((P, F), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.scalar_tensor_tensor(dst=r, data=t, op0=nl.multiply, operand0=2.0, op1=nl.add, operand1=u)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+def reinterpreted_memory(bits, y):
+    """bf16 values arriving as uint16 bits, read through ``.ap(dtype=)``; an SBUF tile's
+    float32 bits read as int32 through ``.view``; an output written through a
+    reinterpretation of itself (uint16 storage written as bf16)."""
+    ints = nl.ndarray((P, 64), dtype=nl.int32, buffer=nl.shared_hbm)
+    halves = nl.ndarray((P, 64), dtype=nl.uint16, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=bits.ap(pattern=[[64, P], [1, 64]], dtype=nl.bfloat16))
+    s = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation(dst=s, op=nl.exp, data=t)
+    yt = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=yt, src=y)
+    nisa.tensor_tensor(dst=s, data1=s, data2=yt, op=nl.add)
+    nisa.dma_copy(dst=ints, src=s.view(nl.int32))
+    nisa.dma_copy(dst=halves.ap(pattern=[[64, P], [1, 64]], dtype=nl.bfloat16), src=s)
+    return ints, halves
+
+
+def shuffled_partitions(x):
+    """Partitions moved within each quadrant of 32 (some kept), in place and into another tile."""
+    out = nl.ndarray((P, 64), dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 64), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    mask = [31 - i if i % 3 else 255 for i in range(32)]
+    nisa.nc_stream_shuffle(t, t, mask)
+    u = nl.ndarray((P, 64), dtype=x.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=u, value=1.5)
+    nisa.nc_stream_shuffle(src=t, dst=u, shuffle_mask=[(i + 5) % 32 for i in range(32)])
+    nisa.dma_copy(dst=out, src=u)
+    return out
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(5)
+
+
+def normal(rng, shape, dtype=np.float32):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def test_memset(rng):
+    check_lowered(row_sums_with_memset, lambda: [normal(rng, (P, F), ml_dtypes.bfloat16)])
+    check_lowered(counts_with_integer_memset, lambda: [normal(rng, (P, 64))])
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["zeros", "debug-fill"])
+def test_private_hbm_scratch(rng, debug):
+    check_lowered(staged_through_private_hbm, lambda: [normal(rng, (P, F), ml_dtypes.bfloat16)], debug=debug)
+
+
+def test_reinterpreted_memory(rng):
+    bits = lambda: normal(rng, (P, 64), ml_dtypes.bfloat16).view(np.uint16)  # noqa: E731
+    check_lowered(reinterpreted_memory, lambda: [bits(), normal(rng, (P, 64))])
+
+
+def test_stream_shuffle(rng):
+    check_lowered(shuffled_partitions, lambda: [normal(rng, (P, 64), ml_dtypes.bfloat16)])
