@@ -1,6 +1,8 @@
 """Lowered replay of what the NKI Library's kernels use: ``nisa.memset``, a kernel's own
 HBM scratch (``private_hbm``), memory reinterpreted as another dtype (``.ap(dtype=)``,
-``.view(dtype)``, read and written through) and ``nisa.nc_stream_shuffle``.
+``.view(dtype)``, read and written through), ``nisa.nc_stream_shuffle``, index-dependent
+values (``iota``, 0.x ``affine_select``), ``max8``, and a positional ``dst`` with keyword
+operands.
 
 Each kernel is written here in the library's style; its replays must be lowered and
 bit-identical to interpreting it, on new data at every call.
@@ -122,6 +124,28 @@ def shuffled_partitions(x):
     return out
 
 
+def masks_and_top8(x):
+    """A causal mask by 0.x affine_select, iota in both forms, the 8 largest values per
+    partition, and an instruction given a positional dst with keyword operands."""
+    out = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    top = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    masked = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.affine_select(dst=masked, pattern=[[-1, 64]], offset=0, channel_multiplier=1, on_true_tile=t,
+                       on_false_value=-9984.0, cmp_op=nl.greater_equal)
+    cols = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.iota(cols, [[1, 64]], 0, 2)
+    rows = nisa.iota(nl.arange(P)[:, None] + nl.arange(64)[None, :] * 0, dtype=nl.float32)
+    nisa.tensor_tensor(masked, data1=masked, data2=cols, op=nl.add)
+    nisa.tensor_tensor(dst=masked, data1=masked, data2=rows, op=nl.subtract)
+    nisa.dma_copy(dst=out, src=masked)
+    best = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.max8(dst=best, src=t)
+    nisa.dma_copy(dst=top, src=best)
+    return out, top
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(5)
@@ -148,3 +172,7 @@ def test_reinterpreted_memory(rng):
 
 def test_stream_shuffle(rng):
     check_lowered(shuffled_partitions, lambda: [normal(rng, (P, 64), ml_dtypes.bfloat16)])
+
+
+def test_index_values_and_max8(rng):
+    check_lowered(masks_and_top8, lambda: [normal(rng, (P, 64))])

@@ -1,5 +1,5 @@
-"""Lowerings of new buffers and fills: ``nl.ndarray`` (any memory), ``zeros``, ``ones``, ``full``,
-``nisa.memset``."""
+"""Lowerings of new buffers and of values known when lowering: ``nl.ndarray`` (any memory),
+``zeros``, ``ones``, ``full``, ``nisa.memset``, ``nisa.iota``."""
 from __future__ import annotations
 
 import numpy as np
@@ -108,6 +108,38 @@ def _memset(lw, step):
     _, dt, _, _ = lw.meta[dst.slot]
     # the interpreter's values, made once
     vals = (np.full(shape, value, dtype=np.float64).astype(F32) if _dt.is_float(dt) else np.full(shape, value))
+    w = lw.writer(dst)
+
+    def op(V, X, L):
+        w(V, vals)
+    return op
+
+
+@lowering(_isa.iota)
+def _iota(lw, step):
+    kw = dict(step.kwargs)
+    if not ((step.args and isinstance(step.args[0], View)) or "dst" in kw):
+        # beta 1: iota(expr, dtype), a new tile of the index expression's values
+        expr = step.args[0] if step.args else kw.get("expr")
+        if isinstance(expr, View) or isinstance(expr, (list, tuple)) and any(isinstance(e, View) for e in expr):
+            raise Decline("iota")
+        vals = np.asarray(expr, dtype=np.float64).astype(F32)
+        put = lw.produce(step)
+
+        def op(V, X, L):
+            put(V, X, vals)
+        return op
+    args = list(step.args)
+    dst = kw.pop("dst") if "dst" in kw else args.pop(0)
+    kw.update(zip(["pattern", "offset", "channel_multiplier"], args))
+    if not isinstance(dst, View) or not lw.on_chip(dst) or isinstance(kw.get("pattern"), View):
+        raise Decline("iota")
+    shape = tuple(lw.shape(dst))
+    if isinstance(kw.get("pattern"), np.ndarray):
+        vals = kw["pattern"].astype(np.float64)
+    else:
+        vals = _isa._affine_values(shape, kw["pattern"], kw.get("offset", 0), kw.get("channel_multiplier", 0))
+    vals = align_to(vals, shape)
     w = lw.writer(dst)
 
     def op(V, X, L):

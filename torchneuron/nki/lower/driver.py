@@ -30,9 +30,13 @@ def lower(program, slot_meta, debug):
         lw.product = None  # (step index, slot, taken, stable) of the last matmul into a new PSUM tile (_product)
         for lw.step_index, step in enumerate(steps):
             g = _LOWERINGS.get(step.fn)
+            name = getattr(step.fn, "__name__", step.fn)
             if g is None:
-                raise Decline(f"instruction {getattr(step.fn, '__name__', step.fn)}")
-            op = g(lw, step)
+                raise Decline(f"instruction {name}")
+            try:
+                op = g(lw, step)
+            except Decline as e:
+                raise Decline(f"{name}: {e}") from None
             for s in step.frees:
                 lw.release(s)
             if op is not None or step.frees:

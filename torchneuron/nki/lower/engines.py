@@ -1,6 +1,6 @@
 """Lowerings of the Vector and Scalar Engines' instructions: ``tensor_tensor``,
 ``tensor_scalar``, ``scalar_tensor_tensor``, ``tensor_reduce``, ``activation``,
-``tensor_copy``, ``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``bn_stats``,
+``tensor_copy``, ``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``max8``, ``bn_stats``,
 ``bn_aggr``."""
 from __future__ import annotations
 
@@ -69,9 +69,25 @@ def _tensor_copy(lw, step):
 
 @lowering(_isa.affine_select)
 def _affine_select(lw, step):
-    if (step.args and isinstance(step.args[0], View)) or "dst" in step.kwargs:
-        raise Decline("dst form")
     kw = dict(step.kwargs)
+    if (step.args and isinstance(step.args[0], View)) or "dst" in kw:
+        # 0.x: affine_select(dst, pattern, offset, channel_multiplier, on_true_tile, on_false_value, cmp_op)
+        args = list(step.args)
+        dst = kw.pop("dst") if "dst" in kw else args.pop(0)
+        kw.update(zip(["pattern", "offset", "channel_multiplier", "on_true_tile", "on_false_value", "cmp_op"], args))
+        if not isinstance(dst, View) or isinstance(kw.get("pattern"), (View, _Nested)):
+            raise Decline("affine_select")
+        shape = tuple(lw.shape(dst))
+        # the predicate depends on indices only: made once, as the interpreter makes it
+        vals = _isa._affine_values(shape, kw["pattern"], kw.get("offset", 0), kw.get("channel_multiplier", 0))
+        pred = _ops.resolve_binary(kw.get("cmp_op", np.equal))(vals, 0)
+        g, _, _ = lw.value(kw["on_true_tile"])
+        fv = F32(kw["on_false_value"])
+        w = lw.writer(dst)
+
+        def op(V, X, L):
+            w(V, np.where(pred, align_to(g(V, X), shape), fv))
+        return op
     for n, a in zip(["pred", "on_true_tile", "on_false_value"], step.args):
         kw[n] = a
     if kw.get("mask") is not None or isinstance(kw["pred"], (View, _Nested)):
@@ -253,4 +269,17 @@ def _nc_stream_shuffle(lw, step):
     def op(V, X, L):
         vals = rg(V).reshape(sshape[0], -1)
         w(V, vals[source_rows].reshape(dshape))
+    return op
+
+
+@lowering(_isa.max8)
+def _max8(lw, step):
+    dst, kw = style(step, [("src", "T")])
+    g, _, _ = lw.value(kw["src"])
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        v = g(V, X)
+        v = v.reshape(v.shape[0], -1)
+        put(V, X, -np.sort(-v, axis=1)[:, :8])
     return op

@@ -451,7 +451,8 @@ def bound(fn, step):
 def style(step, kinds):
     """isa ``_style``: (dst View or None, keyword arguments)."""
     args, kw = step.args, dict(step.kwargs)
-    new = "dst" in kw or len(args) > len(kinds)
+    # a positional argument whose beta-1 name is also given by keyword can only be the destination
+    new = "dst" in kw or len(args) > len(kinds) or any(n in kw for n, _ in kinds[:len(args)])
     if not new:
         for a, (_, kind) in zip(args, kinds):
             if (kind == "T" and not isinstance(a, View)) or (kind == "F" and isinstance(a, View)):
