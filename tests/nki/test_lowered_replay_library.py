@@ -1,8 +1,9 @@
 """Lowered replay of what the NKI Library's kernels use: ``nisa.memset``, a kernel's own
 HBM scratch (``private_hbm``), memory reinterpreted as another dtype (``.ap(dtype=)``,
 ``.view(dtype)``, read and written through), ``nisa.nc_stream_shuffle``, index-dependent
-values (``iota``, 0.x ``affine_select``), ``max8``, and a positional ``dst`` with keyword
-operands.
+values (``iota``, 0.x ``affine_select``), ``max8``, ``nc_find_index8``,
+``tensor_tensor_scan``, ``activation_reduce``, ``dma_compute``, ``shared_constant``, and a
+positional ``dst`` with keyword operands.
 
 Each kernel is written here in the library's style; its replays must be lowered and
 bit-identical to interpreting it, on new data at every call.
@@ -146,6 +147,38 @@ def masks_and_top8(x):
     return out, top
 
 
+def scans_and_sums(x, y):
+    """A running sum along the free axis (tensor_tensor_scan), exp with its row sums
+    (activation_reduce), positions of the 8 largest values (nc_find_index8), two tensors summed
+    by the DMA engines into HBM (dma_compute), a constant, and a result tile's rounded bits
+    read through a reinterpretation."""
+    cums = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    sums = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    where = nl.ndarray((P, 8), dtype=nl.uint32, buffer=nl.shared_hbm)
+    both = nl.ndarray((P, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    bits = nl.ndarray((P, 64), dtype=nl.int16, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    ones = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.memset(dst=ones, value=1.0)
+    c = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor_scan(dst=c, data0=ones, data1=t, initial=0.0, op0=nl.multiply, op1=nl.add)
+    nisa.dma_copy(dst=cums, src=c)
+    e = nl.ndarray((P, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+    s = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.activation_reduce(dst=e, op=nl.exp, data=t, reduce_op=nl.add, reduce_res=s)
+    nisa.dma_copy(dst=sums, src=s)
+    top = nl.ndarray((P, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.max8(dst=top, src=t)
+    idx = nl.ndarray((P, 8), dtype=nl.uint32, buffer=nl.sbuf)
+    nisa.nc_find_index8(dst=idx, data=t, vals=top)
+    nisa.dma_copy(dst=where, src=idx)
+    k = nl.shared_constant(np.linspace(-1, 1, P * 64).reshape(P, 64), dtype=nl.bfloat16)
+    nisa.dma_compute(both, [x, y, k], nl.add)
+    nisa.dma_copy(dst=bits, src=e.ap(pattern=[[64, P], [1, 64]], dtype=nl.int16))
+    return cums, sums, where, both, bits
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(5)
@@ -176,3 +209,7 @@ def test_stream_shuffle(rng):
 
 def test_index_values_and_max8(rng):
     check_lowered(masks_and_top8, lambda: [normal(rng, (P, 64))])
+
+
+def test_scans_reductions_and_dma_compute(rng):
+    check_lowered(scans_and_sums, lambda: [normal(rng, (P, 64)), normal(rng, (P, 64))])

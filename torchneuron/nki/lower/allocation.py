@@ -1,5 +1,5 @@
 """Lowerings of new buffers and of values known when lowering: ``nl.ndarray`` (any memory),
-``zeros``, ``ones``, ``full``, ``nisa.memset``, ``nisa.iota``."""
+``zeros``, ``ones``, ``full``, ``shared_constant``, ``nisa.memset``, ``nisa.iota``."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ from .. import isa as _isa
 from .. import language as _nl
 from ..machine import Buffer, new_storage, reused_storage
 from ..tensor import align_to
-from ..trace import View
+from ..trace import View, _Nested
 from .lowerer import Decline, bound, instruction_of, lowering, single_bind
 from .program import view_of
 
@@ -144,4 +144,22 @@ def _iota(lw, step):
 
     def op(V, X, L):
         w(V, vals)
+    return op
+
+
+@lowering(_nl.shared_constant)
+def _shared_constant(lw, step):
+    a = bound(_nl.shared_constant, step)
+    if isinstance(a["constant"], (str, bytes, View, _Nested)) or hasattr(a["constant"], "__fspath__"):
+        raise Decline("shared_constant")  # (a file is read at each launch: it may change)
+    arr = np.asarray(a["constant"])
+    dtype = _dt.normalize(a["dtype"]) if a["dtype"] is not None else _dt.normalize(arr.dtype)
+    slot = single_bind(step)
+    w = lw.new_preallocated(slot)
+    values = arr.astype(np.float32) if not _dt.is_int(dtype) else arr
+    # the interpreter's storage for the constant, made once
+    template = np.ascontiguousarray(_dt.from_compute(np.broadcast_to(values, arr.shape), dtype))
+
+    def op(V, X, L):
+        np.copyto(V[w], template)
     return op

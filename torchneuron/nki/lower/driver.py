@@ -73,7 +73,8 @@ def _read_only_inputs(program):
     step writes one (only the DMA instructions and assignment can write HBM), else none."""
     global _HBM_WRITERS
     if _HBM_WRITERS is None:
-        _HBM_WRITERS = {instruction_of(f) for f in (_nl.store, _isa.dma_copy, _isa.dma_transpose, _assign_op)}
+        _HBM_WRITERS = {instruction_of(f) for f in (_nl.store, _isa.dma_copy, _isa.dma_transpose, _isa.dma_compute,
+                                                     _assign_op)}
     reinterpreting = {instruction_of(_NkiTensor.ap), instruction_of(_NkiTensor.view)}
     root, written = {}, set()  # (a write through a reinterpretation writes the memory it views)
     for _, steps in program.instances:

@@ -1,5 +1,6 @@
 """Lowerings of the Vector and Scalar Engines' instructions: ``tensor_tensor``,
-``tensor_scalar``, ``scalar_tensor_tensor``, ``tensor_reduce``, ``activation``,
+``tensor_scalar``, ``scalar_tensor_tensor``, ``tensor_tensor_scan``, ``tensor_reduce``,
+``activation``, ``activation_reduce``, ``nc_find_index8``,
 ``tensor_copy``, ``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``max8``, ``bn_stats``,
 ``bn_aggr``."""
 from __future__ import annotations
@@ -128,6 +129,18 @@ def _tensor_reduce(lw, step):
 @lowering(_isa.activation)
 def _activation(lw, step):
     dst, kw = style(step, [("op", "F"), ("data", "T"), ("bias", "A"), ("scale", "A")])
+    return _activation_op(lw, step, dst, kw)
+
+
+@lowering(_isa.activation_reduce)
+def _activation_reduce(lw, step):
+    dst, kw = style(step, [("op", "F"), ("data", "T"), ("reduce_op", "F"), ("reduce_res", "T"), ("bias", "A"),
+                           ("scale", "A")])
+    kw.setdefault("reduce_cmd", _isa.reduce_cmd.reset_reduce)
+    return _activation_op(lw, step, dst, kw)
+
+
+def _activation_op(lw, step, dst, kw):
     f = _ops.resolve_unary(kw["op"])
     data = kw["data"]
     g, d, may_alias = lw.value(data)
@@ -282,4 +295,44 @@ def _max8(lw, step):
         v = g(V, X)
         v = v.reshape(v.shape[0], -1)
         put(V, X, -np.sort(-v, axis=1)[:, :8])
+    return op
+
+
+@lowering(_isa.nc_find_index8)
+def _nc_find_index8(lw, step):
+    dst, kw = style(step, [("data", "T"), ("vals", "T")])
+    gd, _, _ = lw.value(kw["data"])
+    gv, _, _ = lw.value(kw["vals"])
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        v, vals = gd(V, X), gv(V, X)
+        v = v.reshape(v.shape[0], -1)
+        vals = vals.reshape(vals.shape[0], -1)[:, :8]
+        put(V, X, np.argmax(v[:, None, :] == vals[:, :, None], axis=2).astype(F32))
+    return op
+
+
+@lowering(_isa.tensor_tensor_scan)
+def _tensor_tensor_scan(lw, step):
+    dst, kw = style(step, [("data0", "T"), ("data1", "T"), ("initial", "A"), ("op0", "F"), ("op1", "F"),
+                           ("reverse0", "A"), ("reverse1", "A")])
+    g0, _, _ = lw.value(kw["data0"])
+    g1, _, _ = lw.value(kw["data1"])
+    gi, _, _ = lw.operand(kw["initial"])
+    op0, op1 = _ops.resolve_binary(kw["op0"]), _ops.resolve_binary(kw["op1"])
+    rev0, rev1 = kw.get("reverse0", False), kw.get("reverse1", False)
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        v0, v1 = g0(V, X), g1(V, X)
+        a, b = v0.reshape(v0.shape[0], -1), v1.reshape(v1.shape[0], -1)
+        prev = np.broadcast_to(np.asarray(gi(V, X), dtype=F32).reshape(-1), (a.shape[0],)).astype(F32)
+        out = np.empty_like(a)
+        # the recurrence runs along the free axis, one vector step over all partitions at a time
+        for i in range(a.shape[1]):
+            t = op0(prev, a[:, i]) if rev0 else op0(a[:, i], prev)
+            prev = (op1(b[:, i], t) if rev1 else op1(t, b[:, i])).astype(F32)
+            out[:, i] = prev
+        put(V, X, out.reshape(v0.shape))
     return op

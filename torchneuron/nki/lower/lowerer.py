@@ -367,10 +367,10 @@ class Lowerer:
         memory seen as another dtype. Returns the step's closure, which builds the new slot's
         views over that memory at each launch."""
         slot, s = single_bind(step), source.slot
-        if s not in self.meta or self.meta[s][2] is Buffer.psum or self.exact.get(s):
-            # (the interpreter keeps a result's float32 values and PSUM validity per buffer:
-            # a write through the reinterpretation would not reach them)
-            raise Decline("reinterpreting PSUM or an instruction's result")
+        if s not in self.meta or self.meta[s][2] is Buffer.psum:
+            raise Decline("reinterpreting PSUM")  # (the interpreter's new buffer has PSUM validity of its own)
+        # its rounded storage is read through the new slot; like the interpreter's, a result's
+        # float32 values stay with the source (a write through the new slot does not reach them)
         self.touch_storage(s)
         c = self.cover.get(s)
         if c is not None:

@@ -1,4 +1,5 @@
-"""Lowerings of data movement: loads, stores, tile assignment, ``dma_copy``, ``.ap()``."""
+"""Lowerings of data movement: loads, stores, tile assignment, ``dma_copy``, ``dma_compute``,
+``.ap()`` and ``.view(dtype)``."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +8,7 @@ from .. import dtypes as _dt
 from .. import isa as _isa
 from .. import language as _nl
 from ..tensor import NkiTensor as _NkiTensor, align_to, assign as _assign_op
-from ..trace import View, _WHOLE, _GATHER
+from ..trace import View, _Nested, _WHOLE, _GATHER
 from .lowerer import Decline, LazyStore, bound, instruction_of, lowering, single_bind
 
 F32 = np.float32
@@ -160,3 +161,31 @@ def _view_dtype(lw, step):
     if len(step.args) != 2 or step.kwargs or not isinstance(step.args[0], View):
         raise Decline("view")
     return lw.reinterpret(step, step.args[0], flat=False)
+
+
+@lowering(_isa.dma_compute)
+def _dma_compute(lw, step):
+    kw = dict(step.kwargs)
+    names = ["dst", "srcs"] + (["scales", "reduce_op"] if len(step.args) > 2 and isinstance(step.args[2], (list, tuple))
+                               else ["reduce_op", "scales"])
+    for n, a in zip(names, step.args):
+        if n in kw:
+            raise Decline("arguments")
+        kw[n] = a
+    dst, srcs = kw.get("dst"), kw.get("srcs")
+    if not isinstance(dst, View) or not isinstance(srcs, _Nested) or srcs.kind is dict \
+            or not all(isinstance(x, View) for x in srcs.items):
+        raise Decline("dma_compute")
+    # (the recording checked reduce_op, scales and the indices)
+    getters = [lw.raw(x) for x in srcs.items]
+    shape = tuple(lw.shape(dst))
+    w = lw.writer(dst)
+    to_compute = _dt.to_compute
+
+    def op(V, X, L):
+        total = None
+        for g in getters:
+            v = align_to(to_compute(g(V)), shape)
+            total = v.astype(F32) if total is None else (total + v).astype(F32)
+        w(V, total)
+    return op
