@@ -25,11 +25,13 @@ import torchneuron  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks import (compiled, distributed, end_to_end, flex_attention, huggingface, large_ops,  # noqa: E402
-                        limits, lockin, memory, nki_kernels, profile_host, profiler, report, sanitizer, soak, tiny_ops)
+                        limits, lockin, memory, nki_kernels, nki_library, profile_host, profiler, report, sanitizer,
+                        soak, tiny_ops)
 from benchmarks.common import Config, machine  # noqa: E402
 
 GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end,
-          "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "compiled": compiled,
+          "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "nki_library": nki_library,
+          "compiled": compiled,
           "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed,
           "sanitizer": sanitizer, "soak": soak, "flex_attention": flex_attention}
 
