@@ -2,7 +2,8 @@
 HBM scratch (``private_hbm``), memory reinterpreted as another dtype (``.ap(dtype=)``,
 ``.view(dtype)``, read and written through), ``nisa.nc_stream_shuffle``, index-dependent
 values (``iota``, 0.x ``affine_select``), ``max8``, ``nc_find_index8``,
-``tensor_tensor_scan``, ``activation_reduce``, ``dma_compute``, ``shared_constant``, and a
+``tensor_tensor_scan``, ``activation_reduce``, ``dma_compute``, ``shared_constant``,
+``tensor_scalar`` with a unary operator, ``tensor_scalar_reduce``, ``range_select``, and a
 positional ``dst`` with keyword operands.
 
 Each kernel is written here in the library's style; its replays must be lowered and
@@ -179,6 +180,35 @@ def scans_and_sums(x, y):
     return cums, sums, where, both, bits
 
 
+def selections(x, lo, hi):
+    """Elements whose free index lies in per-partition ranges kept (range_select, with the
+    maximum of what it keeps), |x| - 1 by tensor_scalar with a unary operator, and a
+    scaled copy with its row sums (tensor_scalar_reduce)."""
+    kept = nl.ndarray((P, 64), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    best = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    mag = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    sums = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    b0 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b0, src=lo)
+    b1 = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=b1, src=hi)
+    k = nl.ndarray((P, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+    m = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.range_select(dst=k, on_true_tile=t, comp_op0=nl.greater_equal, comp_op1=nl.less, bound0=b0, bound1=b1,
+                      range_start=2.0, on_false_value=-1e4, reduce_res=m, reduce_op=nl.maximum)
+    nisa.dma_copy(dst=kept, src=k)
+    nisa.dma_copy(dst=best, src=m)
+    a = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar(dst=a, data=t, op0=nl.abs, operand0=0.0, op1=nl.subtract, operand1=1.0)
+    nisa.dma_copy(dst=mag, src=a)
+    s = nl.ndarray((P, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.multiply, operand0=b1, reduce_op=nl.add, reduce_res=s)
+    nisa.dma_copy(dst=sums, src=s)
+    return kept, best, mag, sums
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(5)
@@ -213,3 +243,10 @@ def test_index_values_and_max8(rng):
 
 def test_scans_reductions_and_dma_compute(rng):
     check_lowered(scans_and_sums, lambda: [normal(rng, (P, 64)), normal(rng, (P, 64))])
+
+
+def test_selections_and_scalar_reductions(rng):
+    def args():
+        lo = rng.integers(0, 40, (P, 1)).astype(np.float32)
+        return [normal(rng, (P, 64)), lo, lo + rng.integers(1, 30, (P, 1)).astype(np.float32)]
+    check_lowered(selections, args)

@@ -7,6 +7,7 @@ import os
 
 from .. import isa as _isa
 from .. import language as _nl
+from ..errors import NKIError
 from ..tensor import NkiTensor as _NkiTensor, assign as _assign_op
 from ..trace import View, _Nested, _WHOLE, _STRIDED
 # the instruction families register their lowerings when imported
@@ -37,6 +38,8 @@ def lower(program, slot_meta, debug):
                 op = g(lw, step)
             except Decline as e:
                 raise Decline(f"{name}: {e}") from None
+            except NKIError as e:  # (an argument the interpreter reads otherwise: replay generically)
+                raise Decline(f"{name}: {type(e).__name__}: {e}") from None
             for s in step.frees:
                 lw.release(s)
             if op is not None or step.frees:

@@ -1,14 +1,14 @@
-"""Lowerings of the Vector and Scalar Engines' instructions: ``tensor_tensor``,
-``tensor_scalar``, ``scalar_tensor_tensor``, ``tensor_tensor_scan``, ``tensor_reduce``,
-``activation``, ``activation_reduce``, ``nc_find_index8``,
-``tensor_copy``, ``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``max8``, ``bn_stats``,
-``bn_aggr``."""
+"""Lowerings of the Vector and Scalar Engines' instructions: ``tensor_tensor``, ``tensor_scalar``,
+``tensor_scalar_reduce``, ``scalar_tensor_tensor``, ``tensor_tensor_scan``, ``range_select``,
+``tensor_reduce``, ``activation``, ``activation_reduce``, ``nc_find_index8``, ``tensor_copy``,
+``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``max8``, ``bn_stats``, ``bn_aggr``."""
 from __future__ import annotations
 
 import numpy as np
 
 from .. import isa as _isa
 from .. import ops as _ops
+from ..errors import NKIError
 from ..tensor import align_to
 from ..trace import View, _Nested
 from .lowerer import Decline, emit, lowering, style
@@ -187,33 +187,113 @@ def _activation_op(lw, step, dst, kw):
     return op
 
 
+def _stage(lw, op, operand, reverse):
+    """isa ``_apply``: a closure s(V, X, r) -> ``r op operand`` (or ``operand op r``); a unary ``op``
+    applies to ``r`` (the recording checked that its operand is the neutral 0)."""
+    try:
+        f = _ops.resolve_binary(op)
+    except NKIError:
+        g = _ops.resolve_unary(op)
+
+        def unary(V, X, r):
+            with _errstate(all="ignore"):
+                return np.asarray(g(r), dtype=F32)
+        return unary
+    go, _, so = lw.operand(operand)
+    align, reverse = bool(so), bool(reverse)
+
+    def binary(V, X, r):
+        o = go(V, X)
+        if align:
+            o = align_to(o, r.shape)
+        with _errstate(all="ignore"):
+            return np.asarray(f(o, r) if reverse else f(r, o), dtype=F32)
+    return binary
+
+
 @lowering(_isa.tensor_scalar)
 def _tensor_scalar(lw, step):
     dst, kw = style(step, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("reverse0", "A"),
-                            ("op1", "F"), ("operand1", "A"), ("reverse1", "A")])
-    data = kw["data"]
-    g, d, _ = lw.value(data)
-    dshape = tuple(lw.shape(data))
-    stages = []
-    for i in ("0", "1"):
-        op_ = kw.get("op" + i)
-        if op_ is None:
-            if i == "0":
-                raise Decline("tensor_scalar")
-            break
-        go, _, so = lw.operand(kw["operand" + i])
-        stages.append((_ops.resolve_binary(op_), go, bool(so), bool(kw.get("reverse" + i, False))))
+                           ("op1", "F"), ("operand1", "A"), ("reverse1", "A")])
+    g, d, _ = lw.value(kw["data"])
+    if kw.get("op0") is None:
+        raise Decline("tensor_scalar")
+    stages = [_stage(lw, kw["op" + i], kw.get("operand" + i), kw.get("reverse" + i, False))
+              for i in ("0", "1") if i == "0" or kw.get("op1") is not None]
     put = emit(lw, step, dst)
 
     def op(V, X, L):
         r = g(V, X)
-        for f, go, align, rev in stages:
-            o = go(V, X)
-            if align:
-                o = align_to(o, r.shape)
-            with _errstate(all="ignore"):
-                r = np.asarray(f(o, r) if rev else f(r, o), dtype=F32)
+        for stage in stages:
+            r = stage(V, X, r)
         put(V, X, r)
+    return op
+
+
+def _reduce_writer(lw, reduce_res, reduce_op, cmd, idle=None):
+    """The write of a free-axis reduction into ``reduce_res`` (a reset accumulation register,
+    as isa ``_accumulate`` keeps it): w(V, values)."""
+    if cmd not in (None, idle, _isa.reduce_cmd.reset_reduce):
+        raise Decline("accumulation register")
+    rf = _ops.resolve_binary(reduce_op)
+    if not isinstance(rf, np.ufunc):
+        raise Decline("reduction op")
+    rshape = tuple(lw.shape(reduce_res))
+    w = lw.writer(reduce_res)
+
+    def write(V, out):
+        partial = rf.reduce(out, axis=tuple(range(1, out.ndim)), keepdims=True).reshape(out.shape[0], 1)
+        w(V, align_to(partial.astype(F32), rshape))
+    return write
+
+
+@lowering(_isa.tensor_scalar_reduce)
+def _tensor_scalar_reduce(lw, step):
+    dst, kw = style(step, [("data", "T"), ("op0", "F"), ("operand0", "A"), ("reduce_op", "F"),
+                           ("reduce_res", "T"), ("reverse0", "A")])
+    g, _, _ = lw.value(kw["data"])
+    stage = _stage(lw, kw["op0"], kw.get("operand0"), kw.get("reverse0", False))
+    wr = _reduce_writer(lw, kw["reduce_res"], kw["reduce_op"], None)
+    put = emit(lw, step, dst)
+
+    def op(V, X, L):
+        r = stage(V, X, g(V, X))
+        wr(V, r)
+        put(V, X, r)
+    return op
+
+
+@lowering(_isa.range_select)
+def _range_select(lw, step):
+    kw = dict(step.kwargs)
+    for n, a in zip(["dst", "on_true_tile", "comp_op0", "comp_op1", "bound0", "bound1"], step.args):
+        kw[n] = a
+    t = kw.get("on_true_tile")
+    if not isinstance(t, View):
+        raise Decline("range_select")
+    g, _, _ = lw.value(t)
+    shape = tuple(lw.shape(t))
+    flat_shape = (shape[0], int(np.prod(shape[1:], dtype=np.int64)))
+    index = np.arange(flat_shape[1], dtype=F32)[None, :] + F32(kw.get("range_start", 0.0))
+    bounds = [(lw.operand(kw.get(b))[0], _ops.resolve_binary(kw.get(c)))
+              for c, b in (("comp_op0", "bound0"), ("comp_op1", "bound1"))]
+    fv = F32(kw.get("on_false_value", 0.0))
+    wr = None
+    if kw.get("reduce_res") is not None:
+        wr = _reduce_writer(lw, kw["reduce_res"], kw.get("reduce_op", np.maximum),
+                            kw.get("reduce_cmd", _isa.reduce_cmd.idle), _isa.reduce_cmd.idle)
+    put = emit(lw, step, kw.get("dst"))
+
+    def op(V, X, L):
+        flat = g(V, X).reshape(flat_shape)
+        keep = np.ones(flat_shape, dtype=bool)
+        for gb, cmp in bounds:
+            b = np.asarray(gb(V, X), dtype=F32)
+            keep &= np.asarray(cmp(index, b.reshape(-1, 1) if b.ndim else b), dtype=bool)
+        out = np.where(keep, flat, fv).astype(F32)
+        if wr is not None:
+            wr(V, out)
+        put(V, X, out.reshape(shape))
     return op
 
 
@@ -224,8 +304,11 @@ def _scalar_tensor_tensor(lw, step):
     g, _, _ = lw.value(kw["data"])
     g0, _, s0 = lw.operand(kw["operand0"])
     g1, _, s1 = lw.operand(kw["operand1"])
-    stages = [(_ops.resolve_binary(kw["op0"]), g0, bool(s0), bool(kw.get("reverse0", False))),
-              (_ops.resolve_binary(kw["op1"]), g1, bool(s1), bool(kw.get("reverse1", False)))]
+    try:
+        stages = [(_ops.resolve_binary(kw["op0"]), g0, bool(s0), bool(kw.get("reverse0", False))),
+                  (_ops.resolve_binary(kw["op1"]), g1, bool(s1), bool(kw.get("reverse1", False)))]
+    except NKIError:
+        raise Decline("unary operator") from None
     put = emit(lw, step, dst)
 
     def op(V, X, L):
