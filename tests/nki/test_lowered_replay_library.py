@@ -209,6 +209,21 @@ def selections(x, lo, hi):
     return kept, best, mag, sums
 
 
+def psum_bits(a, b):
+    """A matmul's float32 PSUM result read as int32 bits through ``.ap(dtype=)``."""
+    out = nl.ndarray((P, 64), dtype=nl.int32, buffer=nl.shared_hbm)
+    ta = nl.ndarray((P, P), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ta, src=a)
+    tb = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=tb, src=b)
+    acc = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.psum)
+    nisa.nc_matmul(dst=acc, stationary=ta, moving=tb)
+    bits = nl.ndarray((P, 64), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=bits, src=acc.ap(pattern=[[64, P], [1, 64]], dtype=nl.int32))
+    nisa.dma_copy(dst=out, src=bits)
+    return out
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(5)
@@ -250,3 +265,7 @@ def test_selections_and_scalar_reductions(rng):
         lo = rng.integers(0, 40, (P, 1)).astype(np.float32)
         return [normal(rng, (P, 64)), lo, lo + rng.integers(1, 30, (P, 1)).astype(np.float32)]
     check_lowered(selections, args)
+
+
+def test_psum_reinterpreted(rng):
+    check_lowered(psum_bits, lambda: [normal(rng, (P, P)), normal(rng, (P, 64))])

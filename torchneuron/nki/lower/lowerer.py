@@ -367,8 +367,11 @@ class Lowerer:
         memory seen as another dtype. Returns the step's closure, which builds the new slot's
         views over that memory at each launch."""
         slot, s = single_bind(step), source.slot
-        if s not in self.meta or self.meta[s][2] is Buffer.psum:
-            raise Decline("reinterpreting PSUM")  # (the interpreter's new buffer has PSUM validity of its own)
+        if s not in self.meta:
+            raise Decline("unknown slot")
+        if self.meta[slot][2] is Buffer.psum:
+            # the interpreter's new buffer has PSUM validity of its own, none of it valid yet
+            self.pv[slot] = np.zeros(tuple(self.meta[slot][0]), dtype=bool)
         # its rounded storage is read through the new slot; like the interpreter's, a result's
         # float32 values stay with the source (a write through the new slot does not reach them)
         self.touch_storage(s)
