@@ -57,9 +57,9 @@ class Lowerer:
         self.exact = {}                # slot -> holds an instruction's float32 result
         self.cur = {}                  # slot -> LazyStore of a result whose storage is lazy
         self.alias = {}                # result slot -> slot whose storage its float32 value copies
-        self.phys_of = {}              # live preallocated slot (on chip, or a kernel's own HBM scratch) -> physical buffer
+        self.phys_of = {}              # live preallocated slot (on chip or the kernel's HBM scratch) -> buffer
         self.phys_of_all = {}
-        self.root = {}                 # slot reinterpreting another's memory (.ap(dtype=), .view()) -> the slot it views
+        self.root = {}                 # slot reinterpreting another's memory (.ap(dtype=), .view()) -> that slot
         self.phys = []
         self.free_phys = {}            # (shape, dtype) -> [phys]
         self.hbm_slots = set(range(program.n_inputs))
