@@ -3,8 +3,8 @@ HBM scratch (``private_hbm``), memory reinterpreted as another dtype (``.ap(dtyp
 ``.view(dtype)``, read and written through), ``nisa.nc_stream_shuffle``, index-dependent
 values (``iota``, 0.x ``affine_select``), ``max8``, ``nc_find_index8``,
 ``tensor_tensor_scan``, ``activation_reduce``, ``dma_compute``, ``shared_constant``,
-``tensor_scalar`` with a unary operator, ``tensor_scalar_reduce``, ``range_select``, and a
-positional ``dst`` with keyword operands.
+``tensor_scalar`` with a unary operator, ``tensor_scalar_reduce``, ``range_select``,
+``reciprocal``, ``dma_transpose``, and a positional ``dst`` with keyword operands.
 
 Each kernel is written here in the library's style; its replays must be lowered and
 bit-identical to interpreting it, on new data at every call.
@@ -224,6 +224,21 @@ def psum_bits(a, b):
     return out
 
 
+def transposed_reciprocals(x):
+    """A tile transposed by the DMA engines (HBM to SBUF, and SBUF to HBM), and 1/x."""
+    out = nl.ndarray((64, P), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+    inv = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    t = nl.ndarray((64, P), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t)
+    u = nl.ndarray((P, 64), dtype=nl.bfloat16, buffer=nl.sbuf)
+    nisa.dma_transpose(u, t)
+    r = nl.ndarray((P, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.reciprocal(dst=r, data=u)
+    nisa.dma_copy(dst=inv, src=r)
+    return out, inv
+
+
 @pytest.fixture
 def rng():
     return np.random.default_rng(5)
@@ -269,3 +284,7 @@ def test_selections_and_scalar_reductions(rng):
 
 def test_psum_reinterpreted(rng):
     check_lowered(psum_bits, lambda: [normal(rng, (P, P)), normal(rng, (P, 64))])
+
+
+def test_dma_transpose_and_reciprocal(rng):
+    check_lowered(transposed_reciprocals, lambda: [normal(rng, (P, 64), ml_dtypes.bfloat16)])

@@ -1,7 +1,8 @@
 """Lowerings of the Vector and Scalar Engines' instructions: ``tensor_tensor``, ``tensor_scalar``,
 ``tensor_scalar_reduce``, ``scalar_tensor_tensor``, ``tensor_tensor_scan``, ``range_select``,
 ``tensor_reduce``, ``activation``, ``activation_reduce``, ``nc_find_index8``, ``tensor_copy``,
-``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``max8``, ``bn_stats``, ``bn_aggr``."""
+``nc_transpose``, ``nc_stream_shuffle``, ``affine_select``, ``max8``, ``reciprocal``, ``bn_stats``,
+``bn_aggr``."""
 from __future__ import annotations
 
 import numpy as np
@@ -418,4 +419,18 @@ def _tensor_tensor_scan(lw, step):
             prev = (op1(b[:, i], t) if rev1 else op1(t, b[:, i])).astype(F32)
             out[:, i] = prev
         put(V, X, out.reshape(v0.shape))
+    return op
+
+
+@lowering(_isa.reciprocal)
+def _reciprocal(lw, step):
+    dst, kw = style(step, [("data", "T")])
+    g, _, _ = lw.value(kw["data"])
+    put = emit(lw, step, dst)
+    one = F32(1)
+
+    def op(V, X, L):
+        with _errstate(all="ignore"):
+            r = (one / g(V, X)).astype(F32)
+        put(V, X, r)
     return op

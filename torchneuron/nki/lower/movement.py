@@ -1,5 +1,5 @@
 """Lowerings of data movement: loads, stores, tile assignment, ``dma_copy``, ``dma_compute``,
-``.ap()`` and ``.view(dtype)``."""
+``dma_transpose``, ``.ap()`` and ``.view(dtype)``."""
 from __future__ import annotations
 
 import numpy as np
@@ -188,4 +188,24 @@ def _dma_compute(lw, step):
             v = align_to(to_compute(g(V)), shape)
             total = v.astype(F32) if total is None else (total + v).astype(F32)
         w(V, total)
+    return op
+
+
+@lowering(_isa.dma_transpose)
+def _dma_transpose(lw, step):
+    kw = dict(step.kwargs)
+    if not (len(step.args) >= 2 or "dst" in kw):
+        raise Decline("dma_transpose without dst")
+    dst = kw.pop("dst") if "dst" in kw else step.args[0]
+    src = step.args[1] if "dst" not in step.kwargs and len(step.args) > 1 else kw.pop("src", None)
+    axes = kw.pop("axes", None)
+    if kw or not isinstance(dst, View) or not isinstance(src, View):
+        raise Decline("dma_transpose")
+    rg = lw.raw(src)
+    shape = tuple(lw.shape(dst))
+    w = lw.writer(dst)
+
+    def op(V, X, L):
+        vals = rg(V)
+        w(V, align_to(np.ascontiguousarray(np.transpose(vals, axes) if axes is not None else vals.T), shape))
     return op
