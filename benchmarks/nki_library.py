@@ -109,6 +109,15 @@ def _repeats() -> int:
     return int(os.environ.get(REPEATS_ENV, "5"))
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """(In the child:) only the test functions ``CASES`` names (``-k`` would also take the ones
+    whose names start with theirs)."""
+    wanted = {fn for _, fn in CASES.values()}
+    kept = [item for item in items if getattr(item, "originalname", item.name) in wanted]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
+
+
 def pytest_sessionstart(session):
     """(A pytest plugin in the child:) the simulator's ``nki.cpu_simulate`` becomes the timed one."""
     sys.modules["nki_cpu_simulator.nki"].cpu_simulate = _timed_cpu_simulate
@@ -124,12 +133,10 @@ def pytest_sessionfinish(session):
 def measure(checkout: str, machine: str = "trn2", repeats: int = 5, timeout: int = 120) -> list[dict]:
     """One row per family of ``CASES`` that launched a kernel, in a child interpreter running the runner."""
     paths = sorted({os.path.join("test", "integration", "nkilib", f) for f, _ in CASES.values()})
-    select = " or ".join(fn for _, fn in CASES.values())
     with tempfile.TemporaryDirectory(prefix="nkilib-bench-") as tmp:
         out, report = os.path.join(tmp, "rows.json"), os.path.join(tmp, "cases.json")
         cmd = [sys.executable, "-m", "torchneuron.nki.library", checkout, "--machine", machine, "--per-test", "1",
-               "--timeout", str(timeout), "--child-report", report, "--", *paths, "-k", select,
-               "-p", "benchmarks.nki_library"]
+               "--timeout", str(timeout), "--child-report", report, "--", *paths, "-p", "benchmarks.nki_library"]
         env = dict(os.environ, NEURON_LAUNCH_BLOCKING="1", PYTHONPATH=os.pathsep.join(
             [ROOT, os.environ.get("PYTHONPATH", "")]), **{OUT_ENV: out, REPEATS_ENV: str(repeats)})
         proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
