@@ -91,12 +91,7 @@ def _memset(lw, step):
         kw.update(zip(names, step.args))
         if set(kw) - set(names) or not isinstance(kw.get("value"), (int, float, np.number)):
             raise Decline("memset")
-        vals = np.full(tuple(kw["shape"]), kw["value"], dtype=F32)
-        put = lw.produce(step)
-
-        def op(V, X, L):
-            put(V, X, vals)
-        return op
+        return _new_tile_of(lw, step, np.full(tuple(kw["shape"]), kw["value"], dtype=F32))
     args = list(step.args)
     dst = kw.pop("dst") if "dst" in kw else args.pop(0)
     kw.update(zip(["value"], args))
@@ -107,12 +102,8 @@ def _memset(lw, step):
     shape = tuple(lw.shape(dst))
     _, dt, _, _ = lw.meta[dst.slot]
     # the interpreter's values, made once
-    vals = (np.full(shape, value, dtype=np.float64).astype(F32) if _dt.is_float(dt) else np.full(shape, value))
-    w = lw.writer(dst)
-
-    def op(V, X, L):
-        w(V, vals)
-    return op
+    return _write_of(lw, dst, np.full(shape, value, dtype=np.float64).astype(F32) if _dt.is_float(dt)
+                     else np.full(shape, value))
 
 
 @lowering(_isa.iota)
@@ -123,12 +114,7 @@ def _iota(lw, step):
         expr = step.args[0] if step.args else kw.get("expr")
         if isinstance(expr, View) or isinstance(expr, (list, tuple)) and any(isinstance(e, View) for e in expr):
             raise Decline("iota")
-        vals = np.asarray(expr, dtype=np.float64).astype(F32)
-        put = lw.produce(step)
-
-        def op(V, X, L):
-            put(V, X, vals)
-        return op
+        return _new_tile_of(lw, step, np.asarray(expr, dtype=np.float64).astype(F32))
     args = list(step.args)
     dst = kw.pop("dst") if "dst" in kw else args.pop(0)
     kw.update(zip(["pattern", "offset", "channel_multiplier"], args))
@@ -139,12 +125,7 @@ def _iota(lw, step):
         vals = kw["pattern"].astype(np.float64)
     else:
         vals = _isa._affine_values(shape, kw["pattern"], kw.get("offset", 0), kw.get("channel_multiplier", 0))
-    vals = align_to(vals, shape)
-    w = lw.writer(dst)
-
-    def op(V, X, L):
-        w(V, vals)
-    return op
+    return _write_of(lw, dst, align_to(vals, shape))
 
 
 @lowering(_nl.shared_constant)
@@ -162,4 +143,22 @@ def _shared_constant(lw, step):
 
     def op(V, X, L):
         np.copyto(V[w], template)
+    return op
+
+
+def _new_tile_of(lw, step, values):
+    """The step making a new tile of float32 ``values`` known when lowering."""
+    put = lw.produce(step)
+
+    def op(V, X, L):
+        put(V, X, values)
+    return op
+
+
+def _write_of(lw, dst, values):
+    """The step writing ``values``, known when lowering, into ``dst``."""
+    w = lw.writer(dst)
+
+    def op(V, X, L):
+        w(V, values)
     return op

@@ -44,19 +44,6 @@ def _tensor_tensor(lw, step):
     return op
 
 
-@lowering(_isa.nc_transpose)
-def _nc_transpose(lw, step):
-    dst, kw = style(step, [("data", "T")])
-    g, d, _ = lw.value(kw["data"])
-    put = emit(lw, step, dst)
-
-    def op(V, X, L):
-        v = g(V, X)
-        v = v.reshape(v.shape[0], -1)
-        put(V, X, np.ascontiguousarray(v.T))
-    return op
-
-
 @lowering(_isa.tensor_copy)
 def _tensor_copy(lw, step):
     dst, kw = style(step, [("src", "T")])
@@ -324,11 +311,11 @@ def _scalar_tensor_tensor(lw, step):
     return op
 
 
-def _per_row(fn):
+def _per_row(fn, data="data"):
     """The lowering of an instruction that maps each row of its (2-D) data."""
     def lower(lw, step):
-        dst, kw = style(step, [("data", "T")])
-        g, _, _ = lw.value(kw["data"])
+        dst, kw = style(step, [(data, "T")])
+        g, _, _ = lw.value(kw[data])
         put = emit(lw, step, dst)
 
         def op(V, X, L):
@@ -340,6 +327,8 @@ def _per_row(fn):
 
 lowering(_isa.bn_stats)(_per_row(_isa.bn_stats_of))
 lowering(_isa.bn_aggr)(_per_row(_isa.bn_aggr_of))
+lowering(_isa.nc_transpose)(_per_row(lambda v: np.ascontiguousarray(v.T)))
+lowering(_isa.max8)(_per_row(lambda v: -np.sort(-v, axis=1)[:, :8], "src"))  # (the 8 largest, descending)
 
 
 @lowering(_isa.nc_stream_shuffle)
@@ -366,19 +355,6 @@ def _nc_stream_shuffle(lw, step):
     def op(V, X, L):
         vals = rg(V).reshape(sshape[0], -1)
         w(V, vals[source_rows].reshape(dshape))
-    return op
-
-
-@lowering(_isa.max8)
-def _max8(lw, step):
-    dst, kw = style(step, [("src", "T")])
-    g, _, _ = lw.value(kw["src"])
-    put = emit(lw, step, dst)
-
-    def op(V, X, L):
-        v = g(V, X)
-        v = v.reshape(v.shape[0], -1)
-        put(V, X, -np.sort(-v, axis=1)[:, :8])
     return op
 
 
