@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from . import distributed, flex_attention, lockin, profiler, sanitizer, soak, torchtitan_step
+from . import distributed, flex_attention, lockin, nki_library, profiler, sanitizer, soak, torchtitan_step
 from .common import fmt_bytes, fmt_time
 from .large_ops import CHAINS
 from .tiny_ops import STEPS_OF_TWO
@@ -358,6 +358,8 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                              for r in p["perf_top"]["top"][:15]]))
     if "nki_kernels" in res:
         s.append(_nki_kernels_md(res["nki_kernels"], plot_files))
+    if "nki_library" in res:
+        s.append(nki_library.markdown(res["nki_library"]))
     if "profiler" in res:
         p = res["profiler"]
         s.append(f"## torch.profiler's cost\n\nPer call of a tiny `add`, from {p['calls_per_sample']} calls "

@@ -26,12 +26,13 @@ import torchneuron  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from benchmarks import (compiled, distributed, end_to_end, flex_attention, fusion_workloads, huggingface,  # noqa: E402
-                        large_ops, limits, lockin, memory, nki_kernels, profile_host, profiler, report, sanitizer, soak,
-                        tiny_ops, torchtitan_step)
+                        large_ops, limits, lockin, memory, nki_kernels, nki_library, profile_host, profiler, report,
+                        sanitizer, soak, tiny_ops, torchtitan_step)
 from benchmarks.common import Config, machine  # noqa: E402
 
 GROUPS = {"tiny_ops": tiny_ops, "large_ops": large_ops, "end_to_end": end_to_end, "fusion_workloads": fusion_workloads,
-          "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "compiled": compiled,
+          "memory": memory, "profile": profile_host, "nki_kernels": nki_kernels, "nki_library": nki_library,
+          "compiled": compiled,
           "huggingface": huggingface, "profiler": profiler, "lockin": lockin, "distributed": distributed,
           "sanitizer": sanitizer, "soak": soak, "flex_attention": flex_attention, "torchtitan": torchtitan_step}
 

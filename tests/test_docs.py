@@ -118,9 +118,10 @@ def test_layout_table_lists_every_source_folder():
 # Layout tables: (document, heading, folder). With a folder, the table lists that folder's
 # files by bare name in its first column; without, each row's first cell links its folder
 # and the row names that folder's files.
-LAYOUT_TABLES = (("README.md", "Layout", None), ("docs/nki.md", "Layout of the code", "torchneuron/nki"))
+LAYOUT_TABLES = (("README.md", "Layout", None), ("docs/nki.md", "Layout of the code", "torchneuron/nki"),
+                 ("docs/nki.md", "Layout of the lowering", "torchneuron/nki/lower"))
 # README.md's row summarises these folders; their own table names every file
-LISTED_ELSEWHERE = {"torchneuron/nki": "docs/nki.md"}
+LISTED_ELSEWHERE = {"torchneuron/nki": "docs/nki.md", "torchneuron/nki/lower": "docs/nki.md"}
 LISTED_ROOTS = SOURCE_ROOTS + ("torch_neuronx",)
 # a package's __init__.py and __main__.py are the folder itself and its command
 NOT_LISTED_FILES = {"__init__.py", "__main__.py"}

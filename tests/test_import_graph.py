@@ -31,7 +31,11 @@ LAYERS = (
     ("NKI: tile arithmetic", ("torchneuron.nki.ops",)),
     ("NKI: the kernel language", ("torchneuron.nki.language", "torchneuron.nki.isa", "torchneuron.nki.isa_constants",
                                   "torchneuron.nki.compiler", "torchneuron.nki.collectives")),
-    ("NKI: traces and their lowering", ("torchneuron.nki.trace", "torchneuron.nki.recorder", "torchneuron.nki.lower")),
+    ("NKI: traces", ("torchneuron.nki.trace", "torchneuron.nki.recorder")),
+    ("NKI: the lowering's machinery", ("torchneuron.nki.lower.lowerer", "torchneuron.nki.lower.program")),
+    ("NKI: lowerings by instruction family", tuple(f"torchneuron.nki.lower.{family}" for family in (
+        "allocation", "movement", "arithmetic", "matmul", "engines"))),
+    ("NKI: lowering a trace and its replay", ("torchneuron.nki.lower",)),
     ("NKI: launching kernels", ("torchneuron.nki.jit",)),
     ("NKI: kernels on torch tensors", ("torchneuron.nki.torch_bridge",)),
     ("NKI: the performance model", ("torchneuron.nki.perf_costs", "torchneuron.nki.perf_report",

@@ -183,7 +183,7 @@ def test_bf16_tile_gemm_treats_subnormals_as_zero():
 @pytest.mark.parametrize("ks,m,n", [([128] * 8, 128, 512), ([128, 64, 2, 126], 17, 33), ([32], 128, 300)],
                          ids=["eight-full", "uneven", "one"])
 def test_a_chain_of_tile_gemms_is_the_gemms_in_turn(rng, ks, m, n):
-    # the lowered replay's `psum += nc_matmul(...)` runs (lower._chain_gemms); the
+    # the lowered replay's `psum += nc_matmul(...)` runs (lower.matmul.chain_gemms); the
     # first shape is large enough to split between two threads
     pairs = [(ops.stage_tile(_bf16(rng, (k, m)), True), ops.stage_tile(_bf16(rng, (k, n)), False)) for k in ks]
     start = rng.standard_normal((m, n)).astype(np.float32)

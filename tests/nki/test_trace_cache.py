@@ -51,7 +51,7 @@ def same_bits(a, b):
     assert np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
-# Cases whose programs are lowered into pre-bound closures (lower.py); the
+# Cases whose programs are lowered into pre-bound closures (nki/lower/); the
 # others replay instruction by instruction.  Both replays are checked.
 LOWERED = {"matmul_beta1_bf16", "matmul_nki0_bf16", "attention_bf16", "add_nki0_grid", "add_beta1_grid",
            "avg_pool_mgrid", "transpose_index_grids", "layer_norm", "rmsnorm_nki0"}
@@ -405,7 +405,7 @@ def accumulate_and_peek(lhsT, rhs):
 
 
 def test_psum_accumulation_runs_keep_their_order_around_reads(rng):
-    """The lowering runs a run of accumulating matmuls as one pass (lower._chain_gemms),
+    """The lowering runs a run of accumulating matmuls as one pass (lower.matmul.chain_gemms),
     but never across a read of the PSUM tile or a product it cannot delay."""
     kernel, interpreted = fresh(accumulate_and_peek), fresh(accumulate_and_peek, trace_cache=False)
     for _ in range(3):
