@@ -1,5 +1,5 @@
 """The instruction hook: every kernel-visible operation is marked ``instruction``, which
-routes each outermost call to this thread's recorder (``trace.Recorder``, while a
+routes each outermost call to this thread's recorder (``recorder.Recorder``, while a
 launch records its program) and liveness count (``liveness.Liveness``, while an
 instance is interpreted).  It sits below the tensor and the instructions it marks;
 the recorder, above them, installs itself through the thread-local state here.
@@ -12,7 +12,7 @@ import types
 
 from .errors import kernel_location
 
-# rec: the recording trace.Recorder; live: the counting liveness.Liveness (per thread)
+# rec: the recording recorder.Recorder; live: the counting liveness.Liveness (per thread)
 _tls = threading.local()
 
 

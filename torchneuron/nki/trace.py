@@ -20,7 +20,7 @@ rebuilt over the new buffers, so the arithmetic, rounding and engine state
 (PSUM accumulation groups, accumulation registers, random generators) are
 exactly those of interpretation.  At its first replay a program is also
 lowered, if it can be, into closures that do only the NumPy work of each
-step (``lower.py``); later replays run those.
+step (the ``lower`` package); later replays run those.
 
 What makes a trace unreplayable is detected while recording, and the
 signature is then always interpreted (``Kernel.cache_info()`` says why):
