@@ -91,3 +91,28 @@ def test_an_access_pattern_on_a_view_starts_at_the_view(rng):
     flat = x[2]
     want = np.array([[flat[1 + 6 * i + 2 * k] for k in range(3)] for i in range(4)], np.float32)
     np.testing.assert_array_equal(got, want)
+
+
+@nki.jit
+def scatter_into_blocks(cache, rows, slots):
+    """A paged cache (blocks, block_len, D) seen as (blocks * block_len, D) slots; row i of ``rows``
+    is written to slot ``slots[i]``: the indirect axis is the reshaped tensor's."""
+    nb, bl, D = cache.shape
+    n = rows.shape[0]
+    flat = cache.reshape((nb * bl, D))
+    s_sb = nl.ndarray((n, 1), dtype=nl.int32, buffer=nl.sbuf)
+    r_sb = nl.ndarray((n, D), dtype=rows.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=s_sb, src=slots)
+    nisa.dma_copy(dst=r_sb, src=rows)
+    nisa.dma_copy(dst=flat.ap(pattern=[[D, n], [1, D]], offset=0, vector_offset=s_sb, indirect_dim=0), src=r_sb)
+    return cache
+
+
+def test_the_indirect_axis_is_that_of_the_tensor_ap_is_called_on(rng):
+    cache = rng.standard_normal((8, 4, 16)).astype(np.float32)
+    rows = rng.standard_normal((6, 16)).astype(np.float32)
+    slots = rng.permutation(32)[:6].astype(np.int32).reshape(6, 1)
+    want = cache.copy().reshape(32, 16)
+    want[slots[:, 0]] = rows
+    got = scatter_into_blocks(cache.copy(), rows, slots)
+    np.testing.assert_array_equal(np.asarray(got).reshape(32, 16), want)

@@ -427,7 +427,7 @@ class NkiTensor:
         flat = data.reshape(-1)
         shape = tuple(n for _, n in pattern)
         key = np.full(shape, int(offset), dtype=np.int64)
-        indices = self._indirect_indices(scalar_offset, vector_offset, indirect_dim, pattern)
+        indices, stride = self._indirect_indices(scalar_offset, vector_offset, indirect_dim, pattern)
         for k, (s, n) in enumerate(pattern):
             shp = [1] * len(shape)
             shp[k] = n
@@ -439,10 +439,12 @@ class NkiTensor:
             key = key + indices
         oob = (key < 0) | (key >= flat.size)
         if indices is not None and oob.any():
+            first = tuple(int(i) for i in np.argwhere(oob)[0])
+            entry = "" if scalar_offset is not None else f", entry {first[0]} of which is {indices[first[0]] // stride}"
             raise NKIOutOfBoundsError(
                 f"indirect access pattern out of bounds of {self.buffer.value} tensor {self.name or ''}"
-                f"{tuple(self.shape)}: {int(oob.sum())} element(s) outside (offsets read from the "
-                f"{'scalar' if scalar_offset is not None else 'vector'}_offset tile)")
+                f"{tuple(self.shape)}: {int(oob.sum())} element(s) outside, first at pattern position {first} "
+                f"(offsets read from the {'scalar' if scalar_offset is not None else 'vector'}_offset tile{entry})")
         if oob.any():
             return NkiTensor(alloc, None, np.clip(key, 0, flat.size - 1), oob, 0)
         if indices is not None:
@@ -454,12 +456,13 @@ class NkiTensor:
         return NkiTensor(alloc, None, key, None, 0)
 
     def _indirect_indices(self, scalar_offset, vector_offset, indirect_dim, pattern):
-        """Element offsets of tensor indirection (see ``ap``), read from the offset tile; None without it."""
+        """Element offsets of tensor indirection (see ``ap``), read from the offset tile (None without
+        it), and the stride of the indirect axis."""
         if scalar_offset is None and vector_offset is None:
-            return None
+            return None, 1
         if scalar_offset is not None and vector_offset is not None:
             raise NKITypeError(".ap(): give at most one of scalar_offset and vector_offset")
-        shape = tuple(self._alloc.data.shape)
+        shape = tuple(self.shape)  # the axes of the tensor .ap() is called on (a reshape's, say)
         dim = int(indirect_dim)
         if not 0 <= dim < max(len(shape), len(pattern)):
             raise NKITypeError(f".ap(): indirect_dim {dim} is not an axis of the {len(shape)}-d tensor {shape} "
@@ -478,13 +481,13 @@ class NkiTensor:
         if scalar_offset is not None:
             if values.size != 1:
                 raise NKITypeError(f".ap(): scalar_offset must hold one element, it has {values.size}")
-            return np.int64(values[0]) * stride
+            return np.int64(values[0]) * stride, stride
         # indices in partition order: the (P, n) tile read column by column
         count = pattern[0][1] if pattern else 0
         if values.size < count:
             raise NKITypeError(f".ap(): vector_offset holds {values.size} indices, the pattern's first "
                                f"dimension needs {count}")
-        return values[:count].astype(np.int64) * stride
+        return values[:count].astype(np.int64) * stride, stride
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -615,7 +618,10 @@ def align_to(values, shape):
 
 
 def pair_shapes(a, b):
-    """Partition-aligned broadcast of two operand shapes (see ``align_to``)."""
+    """Partition-aligned broadcast of two operand shapes (see ``align_to``).  Operands that do not
+    broadcast but span as many partitions with as many elements in each combine element by element
+    in free-axis order, as the engines read them (the ISA's rule for two tiles): the result has the
+    first one's shape."""
     a, b = tuple(a), tuple(b)
     if len(a) < len(b) and len(a) > 0:
         a = a + (1,) * (len(b) - len(a))
@@ -624,6 +630,8 @@ def pair_shapes(a, b):
     try:
         return np.broadcast_shapes(a, b)
     except ValueError:
+        if a and b and a[0] == b[0] and math.prod(a[1:]) == math.prod(b[1:]):
+            return a
         raise NKITypeError(f"operand shapes {a} and {b} cannot be combined") from None
 
 
