@@ -67,7 +67,8 @@ def get_nc_version():
 
 
 class matmul_perf_mode(enum.Enum):
-    """``nc_matmul(perf_mode=)``: accepted; matmuls compute the same values in every mode."""
+    """``nc_matmul(perf_mode=)``: ``double_row`` is FP8 double-row mode, whose operands carry the
+    contraction over the partition axis and a first free axis of 2 (see ``_double_row_values``)."""
 
     none = "none"
     double_row = "double_row"
@@ -185,10 +186,61 @@ def nc_matmul(*args, **kwargs):
     True always adds, False always overwrites.
     """
     dst, kw = _style(args, kwargs, [("stationary", "T"), ("moving", "T")])
-    r = _ops.matmul_values(kw["stationary"], kw["moving"], "nisa.nc_matmul")
+    if _is_double_row(kw.get("perf_mode")):
+        r = _double_row_values(kw["stationary"], kw["moving"])
+    else:
+        r = _ops.matmul_values(kw["stationary"], kw["moving"], "nisa.nc_matmul")
     if dst is None:
         return _ops.result(r, _dt.float32, kw.get("mask"), Buffer.psum, "nc_matmul")
     return _into_psum(dst, r, kw.get("accumulate"), "nisa.nc_matmul")
+
+
+def _is_double_row(mode):
+    return mode is matmul_perf_mode.double_row or mode == "double_row" or getattr(mode, "value", None) == "double_row"
+
+
+_DOUBLE_ROW_TYPES = {3: ("float8_e4m3", "float8_e5m2"), 4: ("float8_e4m3", "float8_e5m2", "float8_e4m3fn")}
+
+
+def _double_row_values(stationary, moving):
+    """FP8 double-row mode (NeuronCore-v3 and newer): the contraction runs over the partition axis
+    and the first free axis, of size 2, of both operands: stationary [K, 2, M] and moving [K, 2, N]
+    give the [M, N] product of 2K-long contractions.  The stationary free size limit applies to M."""
+    what = "nisa.nc_matmul(perf_mode=double_row)"
+    generation = current().launch.target.generation
+    if generation < 3:
+        raise NKITypeError(f"{what} needs NeuronCore-v3 or newer")
+    allowed = _DOUBLE_ROW_TYPES[min(generation, 4)]
+    operands = []
+    for name, t in (("stationary", stationary), ("moving", moving)):
+        t = _tile(t, f"{what} {name}")
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"{what}: {name} must be in SBUF, got {t.buffer.value}")
+        if _dt.name(t.dtype) not in allowed:
+            raise NKITypeError(f"{what}: {name} must be one of {', '.join(allowed)}, got {_dt.name(t.dtype)}")
+        if len(t.shape) < 3 or t.shape[1] != 2:
+            raise NKITypeError(f"{what}: {name} must be [K, 2, ...] (the contraction split over the partition "
+                               f"axis and a first free axis of 2), got {tuple(t.shape)}")
+        operands.append(t)
+    if {_dt.name(t.dtype) for t in operands} == {"float8_e4m3", "float8_e4m3fn"}:
+        raise NKITypeError(f"{what}: float8_e4m3 and float8_e4m3fn cannot be mixed")
+    s, m = (t.compute_values(None, what) for t in operands)
+    k = s.shape[0]
+    if k != m.shape[0]:
+        raise NKITypeError(f"{what}: partition sizes differ: stationary {tuple(s.shape)}, moving {tuple(m.shape)}")
+    if k > TileSize.pmax:
+        raise NKILimitError("nl.tile_size.pmax", k, TileSize.pmax, f"{what} partition size")
+    s2, m2 = s.reshape(2 * k, -1), m.reshape(2 * k, -1)
+    if s2.shape[1] > TileSize.gemm_stationary_fmax:
+        raise NKILimitError("nl.tile_size.gemm_stationary_fmax", s2.shape[1], TileSize.gemm_stationary_fmax,
+                            f"{what} stationary free size")
+    if m2.shape[1] > TileSize.gemm_moving_fmax:
+        raise NKILimitError("nl.tile_size.gemm_moving_fmax", m2.shape[1], TileSize.gemm_moving_fmax,
+                            f"{what} moving free size")
+    rec = _recording()
+    if rec is not None:  # the lowered replay reads operands as [K, free]: interpret this signature
+        rec.poison("nc_matmul(perf_mode=double_row), which replay does not lower")
+    return _ops.tile_gemm(np.ascontiguousarray(s2), np.ascontiguousarray(m2))
 
 
 def _into_psum(dst, r, acc, what):
