@@ -438,13 +438,8 @@ class NkiTensor:
         if scalar_offset is not None:
             key = key + indices
         oob = (key < 0) | (key >= flat.size)
-        if indices is not None and oob.any():
-            first = tuple(int(i) for i in np.argwhere(oob)[0])
-            entry = "" if scalar_offset is not None else f", entry {first[0]} of which is {indices[first[0]] // stride}"
-            raise NKIOutOfBoundsError(
-                f"indirect access pattern out of bounds of {self.buffer.value} tensor {self.name or ''}"
-                f"{tuple(self.shape)}: {int(oob.sum())} element(s) outside, first at pattern position {first} "
-                f"(offsets read from the {'scalar' if scalar_offset is not None else 'vector'}_offset tile{entry})")
+        # out-of-bounds elements (an index read from the offset tile past the tensor, say) are marked:
+        # the instruction that reads or writes the view raises, unless it skips them (oob_mode.skip)
         if oob.any():
             return NkiTensor(alloc, None, np.clip(key, 0, flat.size - 1), oob, 0)
         if indices is not None:
