@@ -53,3 +53,22 @@ def test_packed_host_arrays_keep_their_type_through_a_kernel_and_unpack(rng):
     assert back.shape == (8, 16)
     np.testing.assert_array_equal(back, x.astype(ml_dtypes.float8_e5m2).astype(np.float32))
     assert type(packed + 1) is np.ndarray  # arithmetic on storage integers is not a pack
+
+
+@nki.jit
+def copy_as_given(x):
+    """A copy of x in x's own type, through an SBUF tile of that type."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_arrays_made_with_an_x4_dtype_are_of_that_type(rng):
+    x = np.zeros((32, 4), dtype=nl.float8_e4m3fn_x4)  # storage integers, tagged with the type
+    x[...] = rng.integers(0, 2 ** 32, x.shape, dtype=np.uint32)
+    got = copy_as_given(x)
+    assert got.packed is nl.float8_e4m3fn_x4
+    np.testing.assert_array_equal(got.view(np.ndarray), x)
+    assert copy_as_given(np.zeros((32, 4), np.uint32)).dtype == np.uint32  # plain integers stay integers

@@ -29,6 +29,9 @@ class _TFloat32:
 
 tfloat32 = _TFloat32()
 
+PACKED_TAG = "nki_packed"  # dtype metadata key naming the MX x4 type of a host array's integers
+
+
 class Packed:
     """A 4-packed MX element type (NeuronCore-v4): four 8-bit or 4-bit floats in one 32- or 16-bit element.
 
@@ -37,11 +40,14 @@ class Packed:
     (bit copies), ``quantize_mx`` and ``nc_matmul_mx`` handle them.
     """
 
-    __slots__ = ("name", "element", "bits", "storage")
+    __slots__ = ("name", "element", "bits", "storage", "host")
 
     def __init__(self, name, element, bits):
         self.name, self.element, self.bits = name, np.dtype(element), bits
         self.storage = np.dtype(np.uint32 if bits == 8 else np.uint16)
+        # the storage integer tagged with this type: arrays made with it (``np.zeros(shape, dtype=t)``)
+        # keep the tag, so a kernel given one sees an HBM tensor of this type
+        self.host = np.dtype(self.storage, metadata={PACKED_TAG: name})
 
     @property
     def itemsize(self):
@@ -49,9 +55,10 @@ class Packed:
 
     @property
     def dtype(self):
-        """The NumPy dtype of host arrays of this type (its storage integer): NumPy takes any
-        object with a ``dtype`` as a dtype, so ``np.zeros(shape, nl.float8_e4m3fn_x4)`` works."""
-        return self.storage
+        """The NumPy dtype of host arrays of this type (its storage integer, tagged with the type):
+        NumPy takes any object with a ``dtype`` as a dtype, so ``np.zeros(shape, nl.float8_e4m3fn_x4)``
+        works."""
+        return self.host
 
     def unpack(self, raw: np.ndarray) -> np.ndarray:
         """float32 values, shape ``raw.shape + (4,)``."""
@@ -97,8 +104,11 @@ class PackedArray(np.ndarray):
 
 
 def packed_type_of(array):
-    """The MX x4 type of a host array, or None."""
-    return getattr(array, "packed", None) if isinstance(array, PackedArray) else None
+    """The MX x4 type of a host array (a ``PackedArray`` or an array of a tagged dtype), or None."""
+    if isinstance(array, PackedArray):
+        return array.packed
+    tag = (getattr(getattr(array, "dtype", None), "metadata", None) or {}).get(PACKED_TAG)
+    return next((p for p in PACKED if p.name == tag), None) if tag else None
 
 
 float8_e5m2_x4 = Packed("float8_e5m2_x4", ml_dtypes.float8_e5m2, 8)

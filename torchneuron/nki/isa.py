@@ -67,7 +67,8 @@ def get_nc_version():
 
 
 class matmul_perf_mode(enum.Enum):
-    """``nc_matmul(perf_mode=)``: accepted; matmuls compute the same values in every mode."""
+    """``nc_matmul(perf_mode=)``: ``double_row`` is FP8 double-row mode, whose operands carry the
+    contraction over the partition axis and a first free axis of 2 (see ``_double_row_values``)."""
 
     none = "none"
     double_row = "double_row"
@@ -91,6 +92,9 @@ class dge_mode(enum.Enum):
 
 
 class oob_mode(enum.Enum):
+    """``dma_copy(oob_mode=)``: an indirect access outside its tensor raises (``error``) or is not
+    transferred (``skip``)."""
+
     error = 0
     skip = 1
 
@@ -185,10 +189,61 @@ def nc_matmul(*args, **kwargs):
     True always adds, False always overwrites.
     """
     dst, kw = _style(args, kwargs, [("stationary", "T"), ("moving", "T")])
-    r = _ops.matmul_values(kw["stationary"], kw["moving"], "nisa.nc_matmul")
+    if _is_double_row(kw.get("perf_mode")):
+        r = _double_row_values(kw["stationary"], kw["moving"])
+    else:
+        r = _ops.matmul_values(kw["stationary"], kw["moving"], "nisa.nc_matmul")
     if dst is None:
         return _ops.result(r, _dt.float32, kw.get("mask"), Buffer.psum, "nc_matmul")
     return _into_psum(dst, r, kw.get("accumulate"), "nisa.nc_matmul")
+
+
+def _is_double_row(mode):
+    return mode is matmul_perf_mode.double_row or mode == "double_row" or getattr(mode, "value", None) == "double_row"
+
+
+_DOUBLE_ROW_TYPES = {3: ("float8_e4m3", "float8_e5m2"), 4: ("float8_e4m3", "float8_e5m2", "float8_e4m3fn")}
+
+
+def _double_row_values(stationary, moving):
+    """FP8 double-row mode (NeuronCore-v3 and newer): the contraction runs over the partition axis
+    and the first free axis, of size 2, of both operands: stationary [K, 2, M] and moving [K, 2, N]
+    give the [M, N] product of 2K-long contractions.  The stationary free size limit applies to M."""
+    what = "nisa.nc_matmul(perf_mode=double_row)"
+    generation = current().launch.target.generation
+    if generation < 3:
+        raise NKITypeError(f"{what} needs NeuronCore-v3 or newer")
+    allowed = _DOUBLE_ROW_TYPES[min(generation, 4)]
+    operands = []
+    for name, t in (("stationary", stationary), ("moving", moving)):
+        t = _tile(t, f"{what} {name}")
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"{what}: {name} must be in SBUF, got {t.buffer.value}")
+        if _dt.name(t.dtype) not in allowed:
+            raise NKITypeError(f"{what}: {name} must be one of {', '.join(allowed)}, got {_dt.name(t.dtype)}")
+        if len(t.shape) < 3 or t.shape[1] != 2:
+            raise NKITypeError(f"{what}: {name} must be [K, 2, ...] (the contraction split over the partition "
+                               f"axis and a first free axis of 2), got {tuple(t.shape)}")
+        operands.append(t)
+    if {_dt.name(t.dtype) for t in operands} == {"float8_e4m3", "float8_e4m3fn"}:
+        raise NKITypeError(f"{what}: float8_e4m3 and float8_e4m3fn cannot be mixed")
+    s, m = (t.compute_values(None, what) for t in operands)
+    k = s.shape[0]
+    if k != m.shape[0]:
+        raise NKITypeError(f"{what}: partition sizes differ: stationary {tuple(s.shape)}, moving {tuple(m.shape)}")
+    if k > TileSize.pmax:
+        raise NKILimitError("nl.tile_size.pmax", k, TileSize.pmax, f"{what} partition size")
+    s2, m2 = s.reshape(2 * k, -1), m.reshape(2 * k, -1)
+    if s2.shape[1] > TileSize.gemm_stationary_fmax:
+        raise NKILimitError("nl.tile_size.gemm_stationary_fmax", s2.shape[1], TileSize.gemm_stationary_fmax,
+                            f"{what} stationary free size")
+    if m2.shape[1] > TileSize.gemm_moving_fmax:
+        raise NKILimitError("nl.tile_size.gemm_moving_fmax", m2.shape[1], TileSize.gemm_moving_fmax,
+                            f"{what} moving free size")
+    rec = _recording()
+    if rec is not None:  # the lowered replay reads operands as [K, free]: interpret this signature
+        rec.poison("nc_matmul(perf_mode=double_row), which replay does not lower")
+    return _ops.tile_gemm(np.ascontiguousarray(s2), np.ascontiguousarray(m2))
 
 
 def _into_psum(dst, r, acc, what):
@@ -702,7 +757,16 @@ def dma_copy(*args, **kwargs):
         kw[n] = a
     dst, src = _tile(kw["dst"], "dma_copy dst"), _tile(kw["src"], "dma_copy src")
     mask = _mask(kw.get("mask"), dst.shape)
-    vals = src.raw_values(None, "nisa.dma_copy (source)")
+    src_mask = None
+    if kw.get("oob_mode") is oob_mode.skip:
+        # elements of an indirect view outside its tensor are not transferred
+        if src._oob is not None:
+            src_mask = ~src._oob
+            keep = align_to(src_mask, dst.shape)
+            mask = keep if mask is None else mask & keep
+        if dst._oob is not None:
+            mask = ~dst._oob if mask is None else mask & ~dst._oob
+    vals = src.raw_values(src_mask, "nisa.dma_copy (source)")
     if src.dtype != dst.dtype:
         vals = _dt.to_compute(vals)
     vals = align_to(vals, dst.shape)
@@ -1076,6 +1140,62 @@ def nc_n_gather(*args, **kwargs):
     if i.size and (i.min() < 0 or i.max() >= flat.shape[1]):
         raise NKIOutOfBoundsError(f"nisa.nc_n_gather: indices outside the {flat.shape[1]} elements of a partition")
     dst.write(np.take_along_axis(flat, i, axis=1).reshape(dst.shape), what="nisa.nc_n_gather (destination)")
+    return dst
+
+
+GPSIMD_PARTITIONS = 16  # partitions each of the GpSimd Engine's eight cores reads and writes
+LOCAL_GATHER_RUNS = (1, 2, 4, 8, 16, 32)
+LOCAL_GATHER_MAX_INDICES = 4096
+
+
+def local_gather(*args, **kwargs):
+    """Gather within each GpSimd core's 16 partitions: the core's ``index`` entries, read partition by
+    partition down each column (the first ``num_valid_indices`` of them), are element offsets into the
+    flattened free axes of ``src_buffer``; every partition p of the core gets, for each offset o in turn,
+    ``src_buffer[p].flatten()[o : o + num_elem_per_idx]``.  The bits move unchanged (``dst`` has the
+    source's dtype) and ``index`` is uint16; an offset past the partition raises."""
+    dst, kw = _style(args, kwargs, [("src_buffer", "T"), ("index", "T"), ("num_elem_per_idx", "A"),
+                                    ("num_valid_indices", "A")])
+    what = "nisa.local_gather"
+    src, ind = _tile(kw.get("src_buffer"), f"{what} src_buffer"), _tile(kw.get("index"), f"{what} index")
+    for t, name in ((src, "src_buffer"), (ind, "index")) + (((dst, "dst"),) if dst is not None else ()):
+        if t.buffer is not Buffer.sbuf:
+            raise NKITypeError(f"{what}: {name} must be in SBUF, not {t.buffer.value}")
+    if _dt.name(ind.dtype) != "uint16":
+        raise NKITypeError(f"{what}: index must be uint16, got {_dt.name(ind.dtype)}")
+    p = src.shape[0]
+    if ind.shape[0] != p or p % GPSIMD_PARTITIONS:
+        raise NKITypeError(f"{what}: src_buffer and index must have the same partition count, a multiple of "
+                           f"{GPSIMD_PARTITIONS}; got {tuple(src.shape)} and {tuple(ind.shape)}")
+    run = int(kw.get("num_elem_per_idx", 1) or 1)
+    if run not in LOCAL_GATHER_RUNS:
+        raise NKITypeError(f"{what}: num_elem_per_idx must be one of {LOCAL_GATHER_RUNS}, got {run}")
+    per_core = ind.size // (p // GPSIMD_PARTITIONS)
+    valid = kw.get("num_valid_indices")
+    valid = per_core if valid is None else int(valid)
+    if not 0 < valid <= min(per_core, LOCAL_GATHER_MAX_INDICES):
+        raise NKITypeError(f"{what}: num_valid_indices must be 1..{min(per_core, LOCAL_GATHER_MAX_INDICES)} "
+                           f"(the indices of a core's {GPSIMD_PARTITIONS} partitions, at most "
+                           f"{LOCAL_GATHER_MAX_INDICES}), got {valid}")
+    flat = src.raw_values(None, f"{what} (src_buffer)").reshape(p, -1)
+    idx = np.asarray(ind.raw_values(None, f"{what} (index)")).astype(np.int64).reshape(p, -1)
+    # per core: its index block read down the columns, partition first
+    offsets = idx.reshape(p // GPSIMD_PARTITIONS, GPSIMD_PARTITIONS, -1).transpose(0, 2, 1).reshape(
+        p // GPSIMD_PARTITIONS, -1)[:, :valid]
+    if offsets.max() + run > flat.shape[1]:
+        raise NKIOutOfBoundsError(f"{what}: an index reads past the {flat.shape[1]} elements of a partition "
+                                  f"(largest index {int(offsets.max())}, {run} element(s) each)")
+    cols = (offsets[:, :, None] + np.arange(run)).reshape(p // GPSIMD_PARTITIONS, 1, -1)
+    cols = np.broadcast_to(cols, (p // GPSIMD_PARTITIONS, GPSIMD_PARTITIONS, valid * run)).reshape(p, -1)
+    out = np.take_along_axis(flat, cols, axis=1)
+    if dst is None:
+        return _emit(None, out.reshape(p, valid, run), src.dtype, name="local_gather")
+    if _dt.name(dst.dtype) != _dt.name(src.dtype):
+        raise NKITypeError(f"{what}: dst ({_dt.name(dst.dtype)}) must have src_buffer's dtype "
+                           f"({_dt.name(src.dtype)}): the gather does not convert")
+    if dst.shape[0] != p or dst.size != out.size:
+        raise NKITypeError(f"{what}: dst {tuple(dst.shape)} must hold {p} partitions of {valid * run} elements")
+    dst.write(out.reshape(dst.shape), what=f"{what} (destination)")
     return dst
 
 

@@ -98,14 +98,15 @@ def _shape(shape):
 
 
 # ------------------------------------------------------------ creation
-def ndarray(shape, dtype=None, buffer=None, name="", **kwargs):
+def ndarray(shape, dtype=None, buffer=None, name="", address=None, **kwargs):
     """A new, uninitialised tensor.  ``shared_hbm`` tensors are the kernel's outputs,
-    shared by all SPMD instances of a launch."""
+    shared by all SPMD instances of a launch.  ``address=(partition_offset, byte_offset)``
+    places an on-chip tensor where the kernel says (its capacity counts that byte range)."""
     buffer = _buffer(buffer)
     shape = _shape(shape)
     if buffer is Buffer.shared_hbm:
         return _shared_output(shape, dtype, name)
-    return allocate(shape, dtype, buffer, name)
+    return allocate(shape, dtype, buffer, name, address=address if buffer.on_chip else None)
 
 
 def _shared_output(shape, dtype, name):

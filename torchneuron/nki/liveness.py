@@ -10,6 +10,11 @@ memory exceeds its capacity, and raises ``NKILimitError`` naming the
 capacity, the tile whose allocation overflowed (its kernel line is the
 error's location) and the live tiles with their sizes and lines.
 
+A tile placed by the kernel (``nl.ndarray(..., address=(partition, byte))``)
+occupies its byte range of each partition: tiles placed at overlapping ranges
+(the rotating buffers of a kernel that manages its own memory) count once,
+as the union of the live placed ranges.
+
 A tile no instruction ever touches after allocating it is live only at its
 allocation.  The check runs on interpretation (first call of a signature,
 or every call with the trace cache off); replays reuse the recorded verdict.
@@ -50,10 +55,11 @@ def format_site(site) -> str:
 class Tile:
     """What the capacity check keeps of an on-chip buffer (not its storage, which may be freed)."""
 
-    __slots__ = ("footprint", "born", "last_use", "where", "name", "shape", "dtype", "buffer")
+    __slots__ = ("footprint", "born", "last_use", "where", "name", "shape", "dtype", "buffer", "address")
 
-    def __init__(self, alloc, footprint, step, where):
+    def __init__(self, alloc, footprint, step, where, address=None):
         self.footprint, self.born, self.last_use, self.where = footprint, step, step, where
+        self.address = address  # first byte of a kernel-placed tile in its partitions, else None
         self.name, self.shape, self.dtype, self.buffer = alloc.name, tuple(alloc.data.shape), alloc.dtype, alloc.buffer
 
 
@@ -71,8 +77,8 @@ class Liveness:
         self.profile = None
         self.peak = {}
 
-    def allocated(self, alloc, footprint):
-        alloc.tile = Tile(alloc, footprint, self.step, kernel_site())
+    def allocated(self, alloc, footprint, address=None):
+        alloc.tile = Tile(alloc, footprint, self.step, kernel_site(), address)
         self.allocs.append(alloc.tile)
 
     def after(self, fn, args, kwargs, out):
@@ -130,17 +136,39 @@ def _sweep(allocs, cap, buffer, machine) -> int:
     """Peak live bytes per partition; raises at the first allocation that goes over ``cap``."""
     allocs.sort(key=lambda a: a.born)
     live = []   # heap of (last_use, index, alloc)
-    used = peak = 0
+    placed = []  # the live kernel-placed tiles
+    automatic = placed_bytes = peak = 0
     for i, a in enumerate(allocs):
+        freed_placed = False
         while live and live[0][0] < a.born:
             _, _, dead = heapq.heappop(live)
-            used -= dead.footprint
+            if dead.address is None:
+                automatic -= dead.footprint
+            else:
+                placed.remove(dead)
+                freed_placed = True
         heapq.heappush(live, (a.last_use, i, a))
-        used += a.footprint
+        if a.address is None:
+            automatic += a.footprint
+        else:
+            placed.append(a)
+        if freed_placed or a.address is not None:
+            placed_bytes = _covered_bytes(placed)
+        used = automatic + placed_bytes
         if used > cap:
             raise _capacity_error(a, [x[2] for x in live], used, cap, buffer, machine)
         peak = max(peak, used)
     return peak
+
+
+def _covered_bytes(placed) -> int:
+    """Bytes per partition in the union of the placed tiles' ranges."""
+    total, end = 0, -1
+    for start, stop in sorted((t.address, t.address + t.footprint) for t in placed):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
 
 def _describe(a) -> str:

@@ -76,8 +76,28 @@ def _check_tile_shape(shape, par, buffer, what, dtype=None, machine=None):
                                 f"PSUM free size (elements per partition) of {what} {tuple(shape)}")
 
 
-def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=None):
-    """Create a new buffer and return the tensor viewing all of it."""
+def _placement(address, shape, par, footprint, buffer, machine, what):
+    """The first byte of a kernel-placed on-chip tile (``address=(partition_offset, byte_offset)``),
+    checked to lie within the partitions and the buffer's bytes per partition."""
+    try:
+        first, offset = (int(a) for a in address)
+    except (TypeError, ValueError):
+        raise NKITypeError(f"address= of {what} must be (partition_offset, byte_offset), got {address!r}") from None
+    partitions = int(shape[par]) if len(shape) > par else 1
+    if first < 0 or first + partitions > TileSize.pmax:
+        raise NKILimitError("nl.tile_size.pmax", first + partitions, TileSize.pmax,
+                            f"partitions {first}..{first + partitions - 1} of {what} placed at {address!r}")
+    cap = machine.sbuf_bytes_per_partition if buffer is Buffer.sbuf else machine.psum_bytes_per_partition
+    if offset < 0 or offset + footprint > cap:
+        raise NKILimitError(f"{buffer.value.upper()} capacity ({cap} bytes per partition)",
+                            f"{offset + footprint} bytes", f"{cap} bytes",
+                            f"the end of {what} ({footprint} bytes per partition) placed at {address!r}")
+    return offset
+
+
+def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=None, address=None):
+    """Create a new buffer and return the tensor viewing all of it.  ``address`` places an
+    on-chip buffer (see ``_placement``); placed buffers have storage of their own all the same."""
     outside_instruction("allocating a buffer")
     dtype = _dt.normalize(dtype) if dtype is not None else _dt.float32
     state = current()
@@ -106,7 +126,11 @@ def allocate(shape, dtype, buffer: Buffer, name: str = "", *, values=None, fill=
         # a replayed program was checked against the capacity when recorded
         live = state.liveness
         if live is not None:
-            live.allocated(alloc, onchip_footprint(shape, par, dtype, buffer, state.launch.target))
+            footprint = onchip_footprint(shape, par, dtype, buffer, state.launch.target)
+            if address is not None:
+                address = _placement(address, shape, par, footprint, buffer, state.launch.target,
+                                     f"{buffer.value} tensor {name}".rstrip())
+            live.allocated(alloc, footprint, address)
     if values is not None or fill is not None:
         alloc.written = True
         if alloc.psum_valid is not None:
@@ -403,7 +427,7 @@ class NkiTensor:
         flat = data.reshape(-1)
         shape = tuple(n for _, n in pattern)
         key = np.full(shape, int(offset), dtype=np.int64)
-        indices = self._indirect_indices(scalar_offset, vector_offset, indirect_dim, pattern)
+        indices, stride = self._indirect_indices(scalar_offset, vector_offset, indirect_dim, pattern)
         for k, (s, n) in enumerate(pattern):
             shp = [1] * len(shape)
             shp[k] = n
@@ -414,11 +438,8 @@ class NkiTensor:
         if scalar_offset is not None:
             key = key + indices
         oob = (key < 0) | (key >= flat.size)
-        if indices is not None and oob.any():
-            raise NKIOutOfBoundsError(
-                f"indirect access pattern out of bounds of {self.buffer.value} tensor {self.name or ''}"
-                f"{tuple(self.shape)}: {int(oob.sum())} element(s) outside (offsets read from the "
-                f"{'scalar' if scalar_offset is not None else 'vector'}_offset tile)")
+        # out-of-bounds elements (an index read from the offset tile past the tensor, say) are marked:
+        # the instruction that reads or writes the view raises, unless it skips them (oob_mode.skip)
         if oob.any():
             return NkiTensor(alloc, None, np.clip(key, 0, flat.size - 1), oob, 0)
         if indices is not None:
@@ -430,12 +451,13 @@ class NkiTensor:
         return NkiTensor(alloc, None, key, None, 0)
 
     def _indirect_indices(self, scalar_offset, vector_offset, indirect_dim, pattern):
-        """Element offsets of tensor indirection (see ``ap``), read from the offset tile; None without it."""
+        """Element offsets of tensor indirection (see ``ap``), read from the offset tile (None without
+        it), and the stride of the indirect axis."""
         if scalar_offset is None and vector_offset is None:
-            return None
+            return None, 1
         if scalar_offset is not None and vector_offset is not None:
             raise NKITypeError(".ap(): give at most one of scalar_offset and vector_offset")
-        shape = tuple(self._alloc.data.shape)
+        shape = tuple(self.shape)  # the axes of the tensor .ap() is called on (a reshape's, say)
         dim = int(indirect_dim)
         if not 0 <= dim < max(len(shape), len(pattern)):
             raise NKITypeError(f".ap(): indirect_dim {dim} is not an axis of the {len(shape)}-d tensor {shape} "
@@ -454,13 +476,13 @@ class NkiTensor:
         if scalar_offset is not None:
             if values.size != 1:
                 raise NKITypeError(f".ap(): scalar_offset must hold one element, it has {values.size}")
-            return np.int64(values[0]) * stride
+            return np.int64(values[0]) * stride, stride
         # indices in partition order: the (P, n) tile read column by column
         count = pattern[0][1] if pattern else 0
         if values.size < count:
             raise NKITypeError(f".ap(): vector_offset holds {values.size} indices, the pattern's first "
                                f"dimension needs {count}")
-        return values[:count].astype(np.int64) * stride
+        return values[:count].astype(np.int64) * stride, stride
 
     def reshape(self, *shape):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -591,7 +613,10 @@ def align_to(values, shape):
 
 
 def pair_shapes(a, b):
-    """Partition-aligned broadcast of two operand shapes (see ``align_to``)."""
+    """Partition-aligned broadcast of two operand shapes (see ``align_to``).  Operands that do not
+    broadcast but span as many partitions with as many elements in each combine element by element
+    in free-axis order, as the engines read them (the ISA's rule for two tiles): the result has the
+    first one's shape."""
     a, b = tuple(a), tuple(b)
     if len(a) < len(b) and len(a) > 0:
         a = a + (1,) * (len(b) - len(a))
@@ -600,6 +625,8 @@ def pair_shapes(a, b):
     try:
         return np.broadcast_shapes(a, b)
     except ValueError:
+        if a and b and a[0] == b[0] and math.prod(a[1:]) == math.prod(b[1:]):
+            return a
         raise NKITypeError(f"operand shapes {a} and {b} cannot be combined") from None
 
 
@@ -659,9 +686,38 @@ def _slice_bounds(s: slice, dim: int):
     return start, stop, step, overrun
 
 
+def _kept_integer_axes(t: NkiTensor, comps, shape):
+    """NKI's rank rule for integer subscripts (no index grids): an on-chip tensor keeps its
+    partition axis, at size 1, and stays at least 2-D (partition and one free axis: the last
+    integer-indexed free axis is kept at size 1 when dropping them all would leave fewer); an HBM
+    tensor drops integer-indexed axes but stays at least 1-D.  Kept axes become one-element slices."""
+    ints = [k for k, c in enumerate(comps) if isinstance(c, int)]
+    if not ints:
+        return comps
+    keep = set()
+    if t.buffer.on_chip and len(shape) > t._par:
+        par = t._par
+        if par in ints:
+            keep.add(par)
+        free_ints = [k for k in ints if k > par]
+        free_left = sum(1 for c in comps[par + 1:] if not isinstance(c, int))
+        if free_ints and free_left == 0:
+            keep.add(free_ints[-1])
+    elif len(ints) == len(shape):
+        keep.add(ints[-1])
+    comps = list(comps)
+    for k in keep:
+        c = comps[k] + shape[k] if comps[k] < 0 else comps[k]
+        if c >= 0:  # an index below the axis stays an integer, found out of bounds below
+            comps[k] = slice(c, c + 1, 1)
+    return comps
+
+
 def index(t: NkiTensor, idx) -> NkiTensor:
     shape = t.shape
     comps = _normalize_components(idx, shape)
+    if not any(isinstance(c, np.ndarray) for c in comps):
+        comps = _kept_integer_axes(t, comps, shape)
     basic = t._arr is not None
     norm = []
     for c, dim in zip(comps, shape):
@@ -683,7 +739,7 @@ def index(t: NkiTensor, idx) -> NkiTensor:
             par = sum(1 for c in before if not isinstance(c, int))
             if len(norm) > t._par and isinstance(norm[t._par], int):
                 par = 0
-        # the Ellipsis keeps an all-integer subscript (``t[i, j]``) a writable 0-d view, not a copied scalar
+        # the Ellipsis keeps a subscript of integers only a view, never a copied NumPy scalar
         return NkiTensor(t._alloc, t._arr[(*norm, Ellipsis)], None, None, par)
     if t._arr is not None:
         view = _affine_view(t, norm, shape)
