@@ -56,3 +56,29 @@ def test_placements_outside_the_memory_are_refused(rng):
         placed_at(x, (0, 224 * 1024 - 32))  # Trainium2: 224 KiB per partition
     with pytest.raises(NKITypeError, match="partition_offset, byte_offset"):
         placed_at(x, 4096)
+
+
+@nki.jit
+def two_tiles_at_one_address(x, offset: int):
+    """a loaded, b loaded at `offset` bytes from a, then a read: on the device b overwrote a
+    when the two ranges overlap."""
+    out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+    a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf, address=(0, 0))
+    b = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf, address=(0, offset))
+    nisa.dma_copy(dst=a, src=x)
+    nisa.tensor_scalar(dst=b, data=a, op0=nl.multiply, operand0=2.0)
+    nisa.tensor_tensor(dst=b, data1=a, data2=b, op=nl.add)
+    nisa.dma_copy(dst=out, src=b)
+    return out
+
+
+def test_placed_tiles_in_use_together_at_shared_bytes_are_warned_about(rng):
+    from torchneuron.nki.liveness import PlacedTilesOverlapWarning
+    x = rng.standard_normal((128, 16)).astype(np.float32)
+    with pytest.warns(PlacedTilesOverlapWarning, match="overlapping bytes are in use together"):
+        two_tiles_at_one_address(x, 32)   # b's bytes begin inside a's 64
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PlacedTilesOverlapWarning)
+        two_tiles_at_one_address(x, 64)   # side by side
+        rotating_buffers(x, 2, 6)         # each slot's tiles used one after another

@@ -13,7 +13,11 @@ error's location) and the live tiles with their sizes and lines.
 A tile placed by the kernel (``nl.ndarray(..., address=(partition, byte))``)
 occupies its byte range of each partition: tiles placed at overlapping ranges
 (the rotating buffers of a kernel that manages its own memory) count once,
-as the union of the live placed ranges.
+as the union of the live placed ranges. Their values are not shared here:
+each keeps its own storage. Two overlapping placed tiles that are live at
+the same time (each in use, from its first instruction after allocating it to its last, while the other is) would share
+bytes on the device, so the emulator's answer could differ from the
+device's: that is warned about (``PlacedTilesOverlapWarning``), naming both.
 
 A tile no instruction ever touches after allocating it is live only at its
 allocation.  The check runs on interpretation (first call of a signature,
@@ -24,6 +28,7 @@ from __future__ import annotations
 import heapq
 import os
 import sys
+import warnings
 
 from . import dtypes as _dt
 from .errors import NKILimitError, _PACKAGE_DIR
@@ -55,10 +60,11 @@ def format_site(site) -> str:
 class Tile:
     """What the capacity check keeps of an on-chip buffer (not its storage, which may be freed)."""
 
-    __slots__ = ("footprint", "born", "last_use", "where", "name", "shape", "dtype", "buffer", "address")
+    __slots__ = ("footprint", "born", "first_use", "last_use", "where", "name", "shape", "dtype", "buffer", "address")
 
     def __init__(self, alloc, footprint, step, where, address=None):
         self.footprint, self.born, self.last_use, self.where = footprint, step, step, where
+        self.first_use = None  # the first instruction after its allocation that touches it
         self.address = address  # first byte of a kernel-placed tile in its partitions, else None
         self.name, self.shape, self.dtype, self.buffer = alloc.name, tuple(alloc.data.shape), alloc.dtype, alloc.buffer
 
@@ -99,6 +105,7 @@ class Liveness:
                             (Buffer.psum, self.machine.psum_bytes_per_partition)):
             allocs = [a for a in self.allocs if a.buffer is buffer and a.footprint]
             self.peak[buffer] = _sweep(allocs, cap, buffer, self.machine)
+            _warn_if_placed_tiles_share(allocs, buffer)
 
 
 # The tile type (tensor.NkiTensor), registered by tensor.py, which builds on this module
@@ -119,6 +126,8 @@ def _touch(values, step):
             t = a.tile if a.owner is None else a.owner.tile
             if t is not None:
                 t.last_use = step
+                if t.first_use is None and step != t.born:
+                    t.first_use = step
         elif isinstance(v, (list, tuple)):
             for x in v:
                 if isinstance(x, NkiTensor):
@@ -126,6 +135,8 @@ def _touch(values, step):
                     t = a.tile if a.owner is None else a.owner.tile
                     if t is not None:
                         t.last_use = step
+                        if t.first_use is None and step != t.born:
+                            t.first_use = step
                 elif isinstance(x, (list, tuple, dict)):
                     _touch((x,), step)
         elif isinstance(v, dict):
@@ -159,6 +170,28 @@ def _sweep(allocs, cap, buffer, machine) -> int:
             raise _capacity_error(a, [x[2] for x in live], used, cap, buffer, machine)
         peak = max(peak, used)
     return peak
+
+
+class PlacedTilesOverlapWarning(UserWarning):
+    """Two kernel-placed tiles at overlapping bytes are live together: the device would share them."""
+
+
+def _warn_if_placed_tiles_share(allocs, buffer) -> None:
+    # Used from first to last touch; a tile last used where another is first
+    # used hands its bytes over in that instruction (an in-place rotation).
+    used = sorted((a for a in allocs if a.address is not None and a.first_use is not None),
+                  key=lambda a: a.first_use)
+    active = []
+    for a in used:
+        active = [b for b in active if b.last_use > a.first_use]
+        for b in active:
+            if a.address < b.address + b.footprint and b.address < a.address + a.footprint:
+                warnings.warn(PlacedTilesOverlapWarning(
+                    f"{buffer.value.upper()} tiles placed at overlapping bytes are in use together: "
+                    f"{_describe(b)} and {_describe(a)}. On the device they share memory; here each "
+                    "keeps its own values, so results can differ from the device's"), stacklevel=3)
+                return
+        active.append(a)
 
 
 def _covered_bytes(placed) -> int:
