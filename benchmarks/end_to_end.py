@@ -211,25 +211,12 @@ def _repeat(build, k):
     return make
 
 
-def _fusion_off(build, cfg: Config, k: int, on: dict) -> dict:
-    """The same step with adaptive eager off (same run, CPU re-timed beside
-    it)."""
-    torchneuron._C._set_adaptive_eager(False)
-    try:
-        off = compare(_repeat(build, k), cfg, warmup=1, per=k)
-    finally:
-        torchneuron._C._set_adaptive_eager(True)
-    return {"neuron_fusion_off_s": off["neuron_s"], "cpu_beside_fusion_off_s": off["cpu_s"],
-            "fusion_speedup": off["neuron_s"] / on["neuron_s"]}
-
-
 def run(cfg: Config, bar) -> dict:
     out = {}
     k = cfg.pick(5, 1)
     r = compare(_repeat(gpt_train(cfg), k), cfg, warmup=1, per=k)
     mc, tc = gpt_sizes(cfg)
     r["model"] = {"n_params": gm.count_parameters(gm.GPT(mc)), "batch": tc.batch_size, **vars(mc)}
-    r.update(_fusion_off(gpt_train(cfg), cfg, k, r))
     r.update(fused_in_one_step(gpt_train(cfg)(NEURON)))
     out["gpt_train_step"] = r
     bar.update(1)

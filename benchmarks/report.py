@@ -282,14 +282,6 @@ def markdown(res: dict, plot_files: list[str]) -> str:
                 for n, r in e.items()]
         s.append(_table(["workload", "CPU per step/token", "neuron per step/token", "neuron speed / CPU",
                          "fused tasks per step/token"], rows))
-        g = e["gpt_train_step"]
-        if "neuron_fusion_off_s" in g:
-            s.append(f"\nAdaptive eager on the GPT step: fusion on {fmt_time(g['neuron_s'])}, off "
-                     f"{fmt_time(g['neuron_fusion_off_s'])} (on is **{g['fusion_speedup']:.2f}x** as fast; CPU "
-                     f"beside the off run {fmt_time(g['cpu_beside_fusion_off_s'])}). In one step (device kept busy "
-                     f"by the step itself): {g['fused_tasks_per_step']} fused tasks of "
-                     f"{g['fused_ops_per_step']} operators, {g['elided_intermediates_per_step']} intermediates "
-                     "never written.\n")
         if "end_to_end_avx2" in res:
             s.append(f"\n{FORCED_AVX2_NOTE}\n\n")
             s.append(_table(["workload", "CPU per step/token", "neuron per step/token", "neuron speed / CPU"],
@@ -300,7 +292,7 @@ def markdown(res: dict, plot_files: list[str]) -> str:
 
     if "fusion_workloads" in res:
         s.append("## Adaptive eager in training\n")
-        s.append("A transformer block of the demo GPT (its activations: batch 32, context 64, d_model 128) "
+        s.append("The demo GPT's training step, a transformer block of it (its activations: batch 32, context 64, d_model 128) "
                  "and an LSTM cell written as its equations (batch 64, hidden 512, 8 steps), forward and "
                  "backward (benchmarks/fusion_workloads.py). Fused tasks: in one step, from the fuser's "
                  "counters. Times: medians of repeats interleaving fusion on, off and the CPU.\n")

@@ -53,7 +53,7 @@ def test_benchmark_smoke_run(tmp_path):
     assert set(res["end_to_end"]) == {"gpt_train_step", "resnet18_train_step", "lstm_lm_train_step",
                                       "gpt_infer_batch1_token"}
     assert all(r["fused_tasks_per_step"] >= 0 for r in res["end_to_end"].values())
-    assert set(res["fusion_workloads"]) == {"transformer_block_train_step", "lstm_cell_train_step"}
+    assert set(res["fusion_workloads"]) == {"gpt_train_step", "transformer_block_train_step", "lstm_cell_train_step"}
     assert all(r["neuron_s"] > 0 and r["neuron_fusion_off_s"] > 0 and r["cpu_s"] > 0
                for r in res["fusion_workloads"].values())
     # end to end and compiled again on the AVX2 path, forced in a child where the host has AVX-512
