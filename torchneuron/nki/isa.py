@@ -234,12 +234,7 @@ def _double_row_values(stationary, moving):
     if k > TileSize.pmax:
         raise NKILimitError("nl.tile_size.pmax", k, TileSize.pmax, f"{what} partition size")
     s2, m2 = s.reshape(2 * k, -1), m.reshape(2 * k, -1)
-    if s2.shape[1] > TileSize.gemm_stationary_fmax:
-        raise NKILimitError("nl.tile_size.gemm_stationary_fmax", s2.shape[1], TileSize.gemm_stationary_fmax,
-                            f"{what} stationary free size")
-    if m2.shape[1] > TileSize.gemm_moving_fmax:
-        raise NKILimitError("nl.tile_size.gemm_moving_fmax", m2.shape[1], TileSize.gemm_moving_fmax,
-                            f"{what} moving free size")
+    _ops.check_gemm_free_sizes(s2, m2, what)
     rec = _recording()
     if rec is not None:  # the lowered replay reads operands as [K, free]: interpret this signature
         rec.poison("nc_matmul(perf_mode=double_row), which replay does not lower")

@@ -291,13 +291,18 @@ def matmul_values(stationary: NkiTensor, moving: NkiTensor, what="nc_matmul", re
                            f"moving {tuple(moving.shape)}")
     if k > TileSize.pmax:
         raise NKILimitError("nl.tile_size.pmax", k, TileSize.pmax, f"{what} contraction (partition) size")
+    check_gemm_free_sizes(s2, m2, what)
+    return tile_gemm(s2, m2)
+
+
+def check_gemm_free_sizes(s2, m2, what):
+    """The Tensor Engine's free-size limits on [K, free] operands."""
     if s2.shape[1] > TileSize.gemm_stationary_fmax:
         raise NKILimitError("nl.tile_size.gemm_stationary_fmax", s2.shape[1], TileSize.gemm_stationary_fmax,
                             f"{what} stationary free size")
     if m2.shape[1] > TileSize.gemm_moving_fmax:
         raise NKILimitError("nl.tile_size.gemm_moving_fmax", m2.shape[1], TileSize.gemm_moving_fmax,
                             f"{what} moving free size")
-    return tile_gemm(s2, m2)
 
 
 def _gemm_operand(t: NkiTensor, what):

@@ -9,7 +9,7 @@ from .. import language as _nl
 from .. import ops as _ops
 from ..tensor import align_to
 from ..trace import View, _WHOLE, _GATHER
-from .lowerer import Decline, bound, instruction_of, lowering, _LOWERINGS
+from .lowerer import Decline, binary_op, bound, instruction_of, lowering, _LOWERINGS
 
 F32 = np.float32
 _errstate = np.errstate
@@ -50,18 +50,7 @@ def _binary_op(lw, step, f, x, y, dtype):
         raise Decline("scalar result")
     aa = bool(sa) and tuple(sa) != tuple(shape)
     ab = bool(sb) and tuple(sb) != tuple(shape)
-    put = lw.produce(step)
-
-    def op(V, X, L):
-        va, vb = ga(V, X), gb(V, X)
-        if aa:
-            va = align_to(va, shape)
-        if ab:
-            vb = align_to(vb, shape)
-        with _errstate(all="ignore"):
-            r = f(va, vb)
-        put(V, X, np.asarray(r).astype(F32))
-    return op
+    return binary_op(ga, gb, aa, ab, shape, f, lw.produce(step))
 
 
 @lowering(_ops.binary)

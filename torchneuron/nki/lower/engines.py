@@ -12,7 +12,7 @@ from .. import ops as _ops
 from ..errors import NKIError
 from ..tensor import align_to
 from ..trace import View, _Nested
-from .lowerer import Decline, emit, lowering, style
+from .lowerer import Decline, binary_op, emit, lowering, style
 
 F32 = np.float32
 _errstate = np.errstate
@@ -29,19 +29,7 @@ def _tensor_tensor(lw, step):
     gb, _, _ = lw.value(b)
     sa, sb = tuple(lw.shape(a)), tuple(lw.shape(b))
     shape = _ops.out_shape(np.empty(sa, np.bool_), np.empty(sb, np.bool_))
-    aa, ab = sa != shape, sb != shape
-    put = emit(lw, step, dst)
-
-    def op(V, X, L):
-        va, vb = ga(V, X), gb(V, X)
-        if aa:
-            va = align_to(va, shape)
-        if ab:
-            vb = align_to(vb, shape)
-        with _errstate(all="ignore"):
-            r = np.asarray(f(va, vb), dtype=F32)
-        put(V, X, r)
-    return op
+    return binary_op(ga, gb, sa != shape, sb != shape, shape, f, emit(lw, step, dst))
 
 
 @lowering(_isa.tensor_copy)

@@ -492,3 +492,20 @@ def emit(lw, step, dst, values_may_alias=None):
     def put(V, X, vals):
         w(V, align_to(np.asarray(vals, dtype=F32), shape))
     return put
+
+
+
+def binary_op(ga, gb, aa, ab, shape, f, put):
+    """The closure of an element-wise binary step: both operands read, those
+    flagged (``aa``, ``ab``) broadcast to ``shape``, ``f`` put in float32."""
+
+    def op(V, X, L):
+        va, vb = ga(V, X), gb(V, X)
+        if aa:
+            va = align_to(va, shape)
+        if ab:
+            vb = align_to(vb, shape)
+        with np.errstate(all="ignore"):
+            r = f(va, vb)
+        put(V, X, np.asarray(r).astype(F32))  # a copy: never an operand itself
+    return op
