@@ -138,10 +138,12 @@ def test_record_stream_on_a_lazy_clone():
     queue_busy_work()
     x = torch.ones(1 << 20, device="neuron")
     y = torch._lazy_clone(x)
+    s.wait_stream(torch.neuron.current_stream())  # y's data first, as on CUDA
     with torch.neuron.stream(s):
         z = y * 2
     y.record_stream(s)
     del x, y
+    torch.neuron.current_stream().wait_stream(s)
     assert z.sum().item() == 2 << 20
 
 

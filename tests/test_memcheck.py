@@ -498,3 +498,24 @@ def test_test_files_run_clean_under_the_checker(path):
                        env=memcheck_env("1"),
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-6000:] + p.stderr[-2000:]
+
+
+MEMORY_FIGURES = """
+sizes = (1, 100, 4096, 1 << 20, 3 << 20)
+torch.neuron.synchronize()
+base = torch.neuron.memory_allocated()
+xs = [torch.empty(n, device="neuron") for n in sizes]
+figures = [torch.neuron.memory_allocated() - base]
+del xs
+torch.neuron.synchronize()
+figures.append(torch.neuron.memory_allocated() - base)
+"""
+
+
+def test_memory_figures_are_those_of_an_unchecked_run():
+    """The checker's redzones are not counted: a program reads the allocated bytes it reads
+    unchecked (what memory-accounting code asserts)."""
+    checked = run_child(MEMORY_FIGURES + "done(figures=figures)")["figures"]
+    unchecked = {}
+    exec(MEMORY_FIGURES, {"torch": torch}, unchecked)
+    assert checked == unchecked["figures"] and checked[0] > 0 and checked[1] == 0

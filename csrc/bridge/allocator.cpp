@@ -45,6 +45,9 @@ struct Block {
   char* ptr = nullptr;
   bool large = false;
   size_t requested = 0;
+  // What its allocation counts in the statistics: its size less the memory
+  // checker's redzone, so that a program reads the figures it reads unchecked.
+  size_t counted = 0;
   bool allocated = false;
   Block* prev = nullptr;  // neighbours within the segment
   Block* next = nullptr;
@@ -128,7 +131,7 @@ std::string mib(double bytes) {
 void release_block(DeviceCache& c, Block* b) {
   if (memcheck::on()) memcheck::block_released(b->device, b->stream, b->ptr, b->size);
   decrease(c, b->large, &DeviceStats::active, 1);
-  decrease(c, b->large, &DeviceStats::active_bytes, b->size);
+  decrease(c, b->large, &DeviceStats::active_bytes, b->counted);
   trace(c, "free_completed", b->ptr, b->size, b->stream);
   auto& pool = c.pool(b);
   decltype(pool.extract(b)) node;
@@ -260,14 +263,15 @@ Block* malloc_block(int device, int stream, size_t requested, HistoryContext con
   }
   b->allocated = true;
   b->requested = requested;
+  b->counted = b->size - (size - round_size(requested));
   increase(c, large, &DeviceStats::allocation, 1);
-  increase(c, large, &DeviceStats::allocated_bytes, b->size);
+  increase(c, large, &DeviceStats::allocated_bytes, b->counted);
   increase(c, large, &DeviceStats::active, 1);
-  increase(c, large, &DeviceStats::active_bytes, b->size);
+  increase(c, large, &DeviceStats::active_bytes, b->counted);
   increase(c, large, &DeviceStats::requested_bytes, requested);
   trace(c, "alloc", b->ptr, b->size, stream, alloc_events_keep_frames.load(std::memory_order_relaxed) ? context : nullptr);
   b->context = std::move(context);
-  report_to_profiler(c, b->ptr, static_cast<int64_t>(b->size), device);
+  report_to_profiler(c, b->ptr, static_cast<int64_t>(b->counted), device);
   return b;
 }
 
@@ -345,10 +349,10 @@ void free_block(void* ptr) {
   b->allocated = false;
   b->context.reset();
   decrease(c, b->large, &DeviceStats::allocation, 1);
-  decrease(c, b->large, &DeviceStats::allocated_bytes, b->size);
+  decrease(c, b->large, &DeviceStats::allocated_bytes, b->counted);
   decrease(c, b->large, &DeviceStats::requested_bytes, b->requested);
   trace(c, "free_requested", b->ptr, b->size, b->stream, std::move(context));
-  report_to_profiler(c, b->ptr, -static_cast<int64_t>(b->size), b->device);
+  report_to_profiler(c, b->ptr, -static_cast<int64_t>(b->counted), b->device);
   if (b->used_on.empty()) return release_block(c, b);
   // Used on other streams too: reusable once each of them reaches this point.
   for (int s : b->used_on) {
