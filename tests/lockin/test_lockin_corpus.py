@@ -8,7 +8,7 @@ RULE`` when it ties without (a Triton kernel, a checkpoint loaded without
 map_location). Here: recall and precision of the analysis, the implicit class,
 and the share of fixed programs that run where the original ran (CPU-only,
 neuron, the CUDA stand-in: test_lockin_settings.py's runs), against the bars
-of issue 57 and the figures docs/lockin.md shows; the device-neutral corpus
+and the figures docs/lockin.md shows; the device-neutral corpus
 and the project's own examples and benchmarks: no finding; --fix on the
 corpus: the code parses, keeps its comments, and only by-hand lines remain."""
 import ast
@@ -25,7 +25,7 @@ from torchneuron.lockin.source import read_notebook
 from lockin_testing import (LABELLED, NEUTRAL, PATTERNS, ROOT, SETTINGS, SETTINGS_DIR, check_run, comments,
                             corpus_files, labels, marked_lines, setting_runs)
 
-#: issue 57's bars
+#: the project's bars
 EXPLICIT_RECALL_MIN, RECALL_MIN, PRECISION_MIN = 0.99, 0.90, 0.99
 CORPUS_FILES = corpus_files(LABELLED) + corpus_files(PATTERNS)
 #: the projects corpus/patterns/ reproduces, by the file that does it

@@ -350,7 +350,7 @@ def test_source_of_a_py_file_maps_lines_to_themselves():
     assert Source("a.py", "x\n").location(7) == (None, 7)
 
 
-# -- issue 57: misses and false positives -----------------------------------------------------------
+# -- misses and false positives ---------------------------------------------------------------------
 
 def test_an_import_whose_handler_re_raises_or_exits_is_not_guarded():
     code = """
